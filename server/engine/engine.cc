@@ -1,0 +1,397 @@
+#include "server/engine/engine.h"
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/util/time_util.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/common/units.h"
+#include "server/delivery/safetensors.h"
+#include "server/init/apply.h"
+#include "server/init/resolve.h"
+#include "server/memory/arena.h"
+#include "server/spec/layout.h"
+#include "server/spec/meta_check.h"
+#include "server/spec/validate.h"
+
+namespace materializer::engine {
+namespace {
+
+constexpr size_t kMaxLabelBytes = 256;
+
+uint64_t MicrosSince(absl::Time start) {
+  return static_cast<uint64_t>(
+      absl::ToInt64Microseconds(absl::Now() - start));
+}
+
+// A validated, planned model: everything decided before any memory is
+// touched.
+struct Prepared {
+  std::vector<spec::TensorDesc> tensors;
+  init::Resolution resolution;
+  spec::Layout layout;
+};
+
+absl::StatusOr<Prepared> Prepare(const v1::ModelSpec& model,
+                                 uint64_t* validate_us, uint64_t* plan_us) {
+  const absl::Time start = absl::Now();
+  Prepared prepared;
+  ASSIGN_OR_RETURN(prepared.tensors, spec::ValidateTensors(model));
+  if (!v1::RngMode_IsValid(model.rng())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.rng: unknown mode ", model.rng()));
+  }
+  ASSIGN_OR_RETURN(prepared.resolution,
+                   init::ResolveInits(model, prepared.tensors));
+  *validate_us = MicrosSince(start);
+
+  const absl::Time plan_start = absl::Now();
+  ASSIGN_OR_RETURN(prepared.layout, spec::ComputeLayout(prepared.tensors));
+  RETURN_IF_ERROR(spec::CheckAgainstMetaTensors(prepared.tensors));
+  *plan_us = MicrosSince(plan_start);
+  return prepared;
+}
+
+google::protobuf::Timestamp ToProto(absl::Time time) {
+  return google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(
+      absl::ToUnixMicros(time));
+}
+
+absl::Status MetaOnly(const registry::Handle& handle, v1::HandleState state) {
+  if (state == v1::HANDLE_STATE_FAILED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handle ", handle.id(),
+        " has no data: its materialization failed (", handle.error(),
+        "), so its tensors are still meta tensors (shapes and dtypes only) "
+        "and there is nothing to copy out of them. Release it and "
+        "materialize again."));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "handle ", handle.id(),
+      " has no data yet: it is still materializing, so its tensors are meta "
+      "tensors (shapes and dtypes only, no storage) and nothing can be "
+      "copied out of them. Wait until Describe reports "
+      "HANDLE_STATE_READY."));
+}
+
+// Allocates the arena (to_empty) and runs every init; on success the handle
+// becomes READY. On failure the reservation or arena is dropped, which
+// returns the bytes to the ledger.
+absl::Status Build(registry::Handle& handle, memory::Reservation reservation,
+                   const std::vector<init::ResolvedInit>& inits,
+                   v1::PhaseTimings* timings) {
+  const registry::HandleSpec& spec = handle.spec();
+  const absl::Time allocate_start = absl::Now();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<memory::Arena> arena,
+      memory::Arena::Allocate(std::move(reservation), spec.tensors,
+                              spec.layout));
+  timings->set_allocate_us(MicrosSince(allocate_start));
+
+  const absl::Time init_start = absl::Now();
+  RETURN_IF_ERROR(
+      init::ApplyInits(spec.tensors, inits, spec.seed, spec.rng, *arena));
+  timings->set_init_us(MicrosSince(init_start));
+
+  const absl::Time register_start = absl::Now();
+  handle.MarkReady(std::move(arena));
+  timings->set_register_us(MicrosSince(register_start));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Engine::Engine(memory::DevicePool* pool, registry::HandleRegistry* registry,
+               ThreadPool* workers)
+    : pool_(pool), registry_(registry), workers_(workers) {}
+
+absl::StatusOr<v1::PlanResponse> Engine::Plan(
+    const Caller& caller, const v1::PlanRequest& request) const {
+  uint64_t validate_us = 0;
+  uint64_t plan_us = 0;
+  ASSIGN_OR_RETURN(Prepared prepared,
+                   Prepare(request.model(), &validate_us, &plan_us));
+  const std::vector<spec::TensorDesc>& tensors = prepared.tensors;
+  const spec::Layout& layout = prepared.layout;
+
+  v1::PlanResponse response;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;
+  const spec::TensorDesc* largest = nullptr;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const spec::TensorDesc& t = tensors[i];
+    v1::TensorPlan* plan = response.add_tensors();
+    plan->set_name(t.name);
+    plan->mutable_shape()->Add(t.shape.begin(), t.shape.end());
+    plan->set_dtype(spec::Name(t.dtype));
+    plan->set_nbytes(t.nbytes);
+    plan->set_arena_offset(layout.offsets[i]);
+    plan->set_init(prepared.resolution.inits[i].description);
+    auto& entry = by_dtype[spec::Name(t.dtype)];
+    entry.first += t.nbytes;
+    entry.second += 1;
+    if (largest == nullptr || t.nbytes > largest->nbytes) largest = &t;
+  }
+  for (const auto& [dtype, entry] : by_dtype) {
+    v1::DtypeBytes* out = response.add_by_dtype();
+    out->set_dtype(dtype);
+    out->set_nbytes(entry.first);
+    out->set_tensors(entry.second);
+  }
+  response.set_tensor_bytes(layout.tensor_bytes);
+  response.set_arena_bytes(layout.arena_bytes);
+  response.set_alignment(spec::kArenaAlignment);
+  response.set_num_elements(layout.num_elements);
+  if (largest != nullptr) {
+    response.set_largest_tensor(largest->name);
+    response.set_largest_tensor_bytes(largest->nbytes);
+  }
+  for (size_t i = 0; i < pool_->devices().size(); ++i) {
+    v1::DeviceFit* fit = response.add_devices();
+    const uint64_t free_bytes = pool_->FreeBytes(static_cast<int>(i));
+    fit->set_device(pool_->devices()[i].name);
+    fit->set_available_bytes(free_bytes);
+    fit->set_fits(free_bytes >= layout.arena_bytes);
+  }
+  absl::StatusOr<int> where =
+      pool_->Resolve(request.placement().device(), layout.arena_bytes);
+  if (where.ok()) {
+    response.set_placement(pool_->devices()[*where].name);
+  } else if (where.status().code() != absl::StatusCode::kResourceExhausted) {
+    return where.status();  // an unknown device is bad input
+  } else {
+    response.add_warnings(std::string(where.status().message()));
+  }
+  for (const std::string& warning : prepared.resolution.warnings) {
+    response.add_warnings(warning);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
+    const Caller& caller, const v1::MaterializeRequest& request) {
+  const absl::Time start = absl::Now();
+  v1::MaterializeResponse response;
+  v1::PhaseTimings* timings = response.mutable_timings();
+
+  if (request.label().size() > kMaxLabelBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label: ", request.label().size(),
+                     " bytes; the limit is ", kMaxLabelBytes));
+  }
+  uint64_t validate_us = 0;
+  uint64_t plan_us = 0;
+  ASSIGN_OR_RETURN(Prepared prepared,
+                   Prepare(request.model(), &validate_us, &plan_us));
+  timings->set_validate_us(validate_us);
+  timings->set_plan_us(plan_us);
+
+  const absl::Time reserve_start = absl::Now();
+  ASSIGN_OR_RETURN(memory::Reservation reservation,
+                   pool_->Reserve(caller.identity,
+                                  request.placement().device(),
+                                  prepared.layout.arena_bytes));
+  timings->set_reserve_us(MicrosSince(reserve_start));
+
+  registry::HandleSpec spec;
+  spec.owner = caller.identity;
+  spec.label = request.label();
+  spec.device = reservation.device().name;
+  spec.tensors = std::move(prepared.tensors);
+  spec.init_descriptions.reserve(prepared.resolution.inits.size());
+  for (const init::ResolvedInit& resolved : prepared.resolution.inits) {
+    spec.init_descriptions.push_back(resolved.description);
+  }
+  spec.layout = std::move(prepared.layout);
+  spec.seed = request.model().seed();
+  spec.rng = request.model().rng() == v1::RNG_MODE_UNSPECIFIED
+                 ? init::kDefaultRngMode
+                 : request.model().rng();
+  std::shared_ptr<registry::Handle> handle = registry_->Create(std::move(spec));
+
+  response.set_handle(handle->id());
+  response.set_device(handle->spec().device);
+  response.set_arena_bytes(handle->spec().layout.arena_bytes);
+  response.set_tensor_bytes(handle->spec().layout.tensor_bytes);
+  response.set_num_tensors(
+      static_cast<uint32_t>(handle->spec().tensors.size()));
+  for (const std::string& warning : prepared.resolution.warnings) {
+    response.add_warnings(warning);
+  }
+
+  if (request.async()) {
+    // std::function needs a copyable closure; the move-only pieces ride in
+    // shared_ptrs.
+    auto moved_reservation =
+        std::make_shared<memory::Reservation>(std::move(reservation));
+    auto inits = std::make_shared<std::vector<init::ResolvedInit>>(
+        std::move(prepared.resolution.inits));
+    workers_->Schedule([handle, moved_reservation, inits] {
+      v1::PhaseTimings ignored;
+      absl::Status status = Build(*handle, std::move(*moved_reservation),
+                                  *inits, &ignored);
+      if (!status.ok()) {
+        MLOG(WARNING) << "async materialization of " << handle->id()
+                      << " failed: " << status;
+        handle->MarkFailed(status.ToString());
+      }
+    });
+    response.set_state(v1::HANDLE_STATE_MATERIALIZING);
+    timings->set_total_us(MicrosSince(start));
+    return response;
+  }
+
+  absl::Status status = Build(*handle, std::move(reservation),
+                              prepared.resolution.inits, timings);
+  if (!status.ok()) {
+    registry_->Forget(handle->id());
+    return status;
+  }
+  response.set_state(v1::HANDLE_STATE_READY);
+  timings->set_total_us(MicrosSince(start));
+  MLOG(INFO) << "materialized " << handle->id() << " for " << caller.identity
+             << ": " << handle->spec().tensors.size() << " tensors, "
+             << FormatBytes(handle->spec().layout.arena_bytes) << " on "
+             << handle->spec().device << " in " << timings->total_us()
+             << " us";
+  return response;
+}
+
+absl::StatusOr<v1::HandleInfo> Engine::Describe(
+    const Caller& caller, const v1::DescribeRequest& request) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
+                   registry_->Get(caller.identity, request.handle()));
+  const registry::HandleSpec& spec = handle->spec();
+  const v1::HandleState state = handle->state();
+  v1::HandleInfo info;
+  info.set_handle(handle->id());
+  info.set_state(state);
+  info.set_owner(spec.owner);
+  info.set_label(spec.label);
+  info.set_device(spec.device);
+  *info.mutable_created_at() = ToProto(handle->created());
+  info.set_arena_bytes(spec.layout.arena_bytes);
+  info.set_tensor_bytes(spec.layout.tensor_bytes);
+  info.set_error(handle->error());
+  info.set_seed(spec.seed);
+  info.set_rng(spec.rng);
+  const std::string& device =
+      state == v1::HANDLE_STATE_READY ? spec.device : std::string("meta");
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const spec::TensorDesc& t = spec.tensors[i];
+    v1::TensorInfo* out = info.add_tensors();
+    out->set_name(t.name);
+    out->mutable_shape()->Add(t.shape.begin(), t.shape.end());
+    out->set_dtype(spec::Name(t.dtype));
+    out->set_device(device);
+    out->set_nbytes(t.nbytes);
+    out->set_arena_offset(spec.layout.offsets[i]);
+    out->set_kind(t.is_buffer ? v1::TENSOR_KIND_BUFFER
+                              : v1::TENSOR_KIND_PARAMETER);
+    out->set_persistent(t.persistent);
+    out->set_module_type(t.module_type);
+    out->set_init(spec.init_descriptions[i]);
+  }
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
+    const Caller& caller, const v1::FetchRequest& request) const {
+  if (request.format() != v1::WEIGHT_FORMAT_UNSPECIFIED &&
+      request.format() != v1::WEIGHT_FORMAT_SAFETENSORS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: unknown format ", request.format(),
+        "; this server writes WEIGHT_FORMAT_SAFETENSORS"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
+                   registry_->Get(caller.identity, request.handle()));
+  const v1::HandleState state = handle->state();
+  if (state != v1::HANDLE_STATE_READY) return MetaOnly(*handle, state);
+  std::shared_ptr<const memory::Arena> arena = handle->arena();
+  if (arena == nullptr) {  // released between Get and here
+    return absl::NotFoundError(
+        absl::StrCat("handle \"", request.handle(), "\" was just released"));
+  }
+
+  const registry::HandleSpec& spec = handle->spec();
+  std::vector<delivery::FileTensor> entries;
+  entries.reserve(spec.tensors.size());
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const spec::TensorDesc& t = spec.tensors[i];
+    if (!t.persistent && !request.include_non_persistent()) continue;
+    delivery::FileTensor entry;
+    entry.name = t.name;
+    entry.dtype = t.dtype;
+    entry.shape = t.shape;
+    entry.nbytes = t.nbytes;
+    entry.source_offset = spec.layout.offsets[i];
+    entries.push_back(std::move(entry));
+  }
+  delivery::SafetensorsFile file =
+      delivery::SafetensorsFile::Build(std::move(entries), {{"format", "pt"}});
+  return delivery::WeightStream::Open(std::move(arena), std::move(file),
+                                      request.offset(), request.chunk_bytes());
+}
+
+absl::StatusOr<v1::ReleaseResponse> Engine::Release(
+    const Caller& caller, const v1::ReleaseRequest& request) {
+  ASSIGN_OR_RETURN(registry::ReleaseResult result,
+                   registry_->Release(caller.identity, request.handle()));
+  v1::ReleaseResponse response;
+  response.set_released(result.released);
+  response.set_freed_bytes(result.freed_bytes);
+  if (result.released) {
+    MLOG(INFO) << "released " << request.handle() << " of " << caller.identity
+               << ": " << FormatBytes(result.freed_bytes);
+  }
+  return response;
+}
+
+v1::ListHandlesResponse Engine::ListHandles(const Caller& caller) const {
+  v1::ListHandlesResponse response;
+  for (const std::shared_ptr<registry::Handle>& handle :
+       registry_->List(caller.identity)) {
+    v1::HandleSummary* out = response.add_handles();
+    out->set_handle(handle->id());
+    out->set_state(handle->state());
+    out->set_label(handle->spec().label);
+    out->set_device(handle->spec().device);
+    out->set_arena_bytes(handle->spec().layout.arena_bytes);
+    out->set_num_tensors(static_cast<uint32_t>(handle->spec().tensors.size()));
+    *out->mutable_created_at() = ToProto(handle->created());
+  }
+  return response;
+}
+
+v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
+  const memory::PoolSnapshot snapshot = pool_->Snapshot();
+  v1::GetStatsResponse response;
+  for (const memory::DeviceUsage& device : snapshot.devices) {
+    v1::DeviceStats* out = response.add_devices();
+    out->set_device(device.device.name);
+    out->set_capacity_bytes(device.device.capacity_bytes);
+    out->set_reserved_bytes(device.usage.reserved_bytes);
+    out->set_in_use_bytes(device.usage.in_use_bytes);
+    out->set_peak_bytes(device.usage.peak_bytes);
+    out->set_handles(device.usage.handles);
+  }
+  if (auto it = snapshot.clients.find(caller.identity);
+      it != snapshot.clients.end()) {
+    v1::ClientStats* out = response.add_clients();
+    out->set_client(it->first);
+    out->set_reserved_bytes(it->second.reserved_bytes);
+    out->set_in_use_bytes(it->second.in_use_bytes);
+    out->set_peak_bytes(it->second.peak_bytes);
+    out->set_handles(it->second.handles);
+  }
+  response.set_reserved_bytes(snapshot.total.reserved_bytes);
+  response.set_in_use_bytes(snapshot.total.in_use_bytes);
+  response.set_handles(snapshot.total.handles);
+  return response;
+}
+
+}  // namespace materializer::engine

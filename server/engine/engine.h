@@ -1,0 +1,74 @@
+#ifndef MATERIALIZER_SERVER_ENGINE_ENGINE_H_
+#define MATERIALIZER_SERVER_ENGINE_ENGINE_H_
+
+// The request paths of the Materializer API as plain C++ over the core
+// (spec, init, memory, registry, delivery). The gRPC service is a thin
+// adapter over this class; tests drive it directly too.
+//
+// Materialize, step by step (ARCHITECTURE.md):
+//   validate -> resolve inits -> layout + meta check -> reserve (ledger)
+//   -> register (MATERIALIZING) -> allocate arena (to_empty) -> init
+//   -> READY.
+// Any failure after the reservation rolls back: the reservation or arena
+// is dropped (returning its bytes) and the handle is unregistered (or, for
+// an async request, marked FAILED holding nothing).
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "materializer/v1/materializer.pb.h"
+#include "server/common/thread_pool.h"
+#include "server/delivery/weight_stream.h"
+#include "server/memory/pool.h"
+#include "server/registry/registry.h"
+
+namespace materializer::engine {
+
+// Who is calling. Set by the service layer from authentication only, never
+// from a request field.
+struct Caller {
+  std::string identity;
+};
+
+// Thread-safe. The pool, registry and worker pool must outlive the engine;
+// the worker pool must be drained (destroyed) before the engine is, since
+// async materializations run there and use it.
+class Engine {
+ public:
+  Engine(memory::DevicePool* pool, registry::HandleRegistry* registry,
+         ThreadPool* workers);
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  absl::StatusOr<v1::PlanResponse> Plan(const Caller& caller,
+                                        const v1::PlanRequest& request) const;
+
+  absl::StatusOr<v1::MaterializeResponse> Materialize(
+      const Caller& caller, const v1::MaterializeRequest& request);
+
+  absl::StatusOr<v1::HandleInfo> Describe(
+      const Caller& caller, const v1::DescribeRequest& request) const;
+
+  // Opens the byte stream of a READY handle. FAILED_PRECONDITION while the
+  // handle's tensors are still meta (materializing, or failed).
+  absl::StatusOr<std::unique_ptr<delivery::WeightStream>> OpenFetch(
+      const Caller& caller, const v1::FetchRequest& request) const;
+
+  absl::StatusOr<v1::ReleaseResponse> Release(
+      const Caller& caller, const v1::ReleaseRequest& request);
+
+  v1::ListHandlesResponse ListHandles(const Caller& caller) const;
+
+  v1::GetStatsResponse GetStats(const Caller& caller) const;
+
+ private:
+  memory::DevicePool* const pool_;
+  registry::HandleRegistry* const registry_;
+  ThreadPool* const workers_;
+};
+
+}  // namespace materializer::engine
+
+#endif  // MATERIALIZER_SERVER_ENGINE_ENGINE_H_

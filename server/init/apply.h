@@ -1,0 +1,33 @@
+#ifndef MATERIALIZER_SERVER_INIT_APPLY_H_
+#define MATERIALIZER_SERVER_INIT_APPLY_H_
+
+// Writes every tensor of a freshly allocated arena with its resolved init.
+//
+//   RETURN_IF_ERROR(ApplyInits(tensors, resolution.inits, seed, rng, *arena));
+//
+// Random schemes in RNG_MODE_TORCH use one generator per tensor, seeded
+// with DeriveSeed(seed, name), on the arena's device, so values equal
+// Python's `torch.nn.init.<scheme>_(t, ..., generator=g)` bit for bit.
+// Tensors are independent, so they are filled in parallel.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "materializer/v1/materializer.pb.h"
+#include "server/init/resolve.h"
+#include "server/memory/arena.h"
+#include "server/spec/tensor_desc.h"
+
+namespace materializer::init {
+
+// The mode RNG_MODE_UNSPECIFIED stands for.
+inline constexpr v1::RngMode kDefaultRngMode = v1::RNG_MODE_TORCH;
+
+absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
+                        const std::vector<ResolvedInit>& inits, uint64_t seed,
+                        v1::RngMode rng, memory::Arena& arena);
+
+}  // namespace materializer::init
+
+#endif  // MATERIALIZER_SERVER_INIT_APPLY_H_

@@ -1,0 +1,200 @@
+#include "server/init/apply.h"
+
+#include <cmath>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+
+#include "google/protobuf/text_format.h"
+#include "server/init/seed.h"
+#include "server/memory/arena_views.h"
+#include "server/spec/layout.h"
+#include "server/spec/validate.h"
+#include "tests/testing/status_matchers.h"
+
+namespace materializer::init {
+namespace {
+
+// Validates, resolves, allocates on a CPU pool and initializes `text`.
+class Materialized {
+ public:
+  explicit Materialized(const std::string& text) {
+    memory::DeviceConfig cpu;
+    cpu.name = "cpu";
+    cpu.capacity_bytes = uint64_t{4} << 30;
+    pool_ = memory::DevicePool::Create({cpu}).value();
+    v1::ModelSpec model;
+    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &model));
+    tensors_ = spec::ValidateTensors(model).value();
+    Resolution resolution = ResolveInits(model, tensors_).value();
+    spec::Layout layout = spec::ComputeLayout(tensors_).value();
+    memory::Reservation r =
+        pool_->Reserve("test", "cpu", layout.arena_bytes).value();
+    arena_ = memory::Arena::Allocate(std::move(r), tensors_, layout).value();
+    status_ = ApplyInits(tensors_, resolution.inits, model.seed(), model.rng(),
+                         *arena_);
+  }
+
+  const absl::Status& status() const { return status_; }
+
+  at::Tensor Get(const std::string& name) const {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i].name == name) return arena_->tensors().views[i];
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return at::Tensor();
+  }
+
+ private:
+  std::unique_ptr<memory::DevicePool> pool_;
+  std::vector<spec::TensorDesc> tensors_;
+  std::unique_ptr<memory::Arena> arena_;
+  absl::Status status_;
+};
+
+TEST(ApplyInitsTest, DeterministicSchemesGiveExactValuesForEveryDtype) {
+  const char* dtypes[] = {"float32", "float64",  "float16", "bfloat16",
+                          "int8",    "int16",    "int32",   "int64",
+                          "uint8",   "bool",     "float8_e4m3fn",
+                          "float8_e5m2"};
+  std::string text;
+  for (const char* dtype : dtypes) {
+    for (const char* scheme : {"zeros", "ones", "constant"}) {
+      absl::StrAppend(&text, "tensors { name: \"", scheme, ".", dtype,
+                      "\" shape: [ 33, 7 ] dtype: \"", dtype, "\" }\n");
+    }
+  }
+  text += R"pb(
+    init_rules {
+      pattern: "zeros.*"
+      init { zeros {} }
+    }
+    init_rules {
+      pattern: "ones.*"
+      init { ones {} }
+    }
+    init_rules {
+      pattern: "constant.bool"
+      init { constant { val: 1 } }
+    }
+    init_rules {
+      pattern: "constant.*"
+      init { constant { val: 3 } }
+    }
+  )pb";
+  Materialized m(text);
+  ASSERT_OK(m.status());
+  for (const char* dtype : dtypes) {
+    const std::string d = dtype;
+    const double constant = d == "bool" ? 1.0 : 3.0;
+    at::Tensor zeros = m.Get("zeros." + d).to(at::kDouble);
+    at::Tensor ones = m.Get("ones." + d).to(at::kDouble);
+    at::Tensor constants = m.Get("constant." + d).to(at::kDouble);
+    EXPECT_TRUE(zeros.eq(0).all().item<bool>()) << d;
+    EXPECT_TRUE(ones.eq(1).all().item<bool>()) << d;
+    EXPECT_TRUE(constants.eq(constant).all().item<bool>()) << d;
+  }
+}
+
+TEST(ApplyInitsTest, UniformAndNormalHaveTheRequestedDistribution) {
+  Materialized m(R"pb(
+    tensors { name: "u" shape: [ 1000, 1000 ] dtype: "float32" }
+    tensors { name: "n" shape: [ 1000, 1000 ] dtype: "float32" }
+    tensors { name: "n16" shape: [ 1000, 1000 ] dtype: "bfloat16" }
+    init_rules {
+      pattern: "u"
+      init { uniform { a: -2 b: 3 } }
+    }
+    init_rules {
+      pattern: "n*"
+      init { normal { mean: 0.5 std: 0.02 } }
+    }
+    seed: 1234
+  )pb");
+  ASSERT_OK(m.status());
+  at::Tensor u = m.Get("u");
+  EXPECT_GE(u.min().item<float>(), -2.0f);
+  EXPECT_LT(u.max().item<float>(), 3.0f);
+  // Mean of U(-2, 3) is 0.5 with std 5/sqrt(12); 1e6 samples: se ~1.4e-3.
+  EXPECT_NEAR(u.mean().item<double>(), 0.5, 0.01);
+  EXPECT_NEAR(u.std().item<double>(), 5.0 / std::sqrt(12.0), 0.01);
+  for (const char* name : {"n", "n16"}) {
+    at::Tensor n = m.Get(name).to(at::kDouble);
+    EXPECT_NEAR(n.mean().item<double>(), 0.5, 0.001) << name;
+    EXPECT_NEAR(n.std().item<double>(), 0.02, 0.001) << name;
+  }
+}
+
+TEST(ApplyInitsTest, EqualsTorchWithAGeneratorSeededFromTheName) {
+  Materialized m(R"pb(
+    tensors { name: "h.0.w" shape: [ 129, 65 ] dtype: "float32" }
+    tensors { name: "h.0.b" shape: [ 17 ] dtype: "bfloat16" }
+    tensors { name: "h.0.u" shape: [ 3, 4, 5 ] dtype: "float64" }
+    init_rules {
+      pattern: "*.w"
+      init { normal { std: 0.02 } }
+    }
+    init_rules {
+      pattern: "*.b"
+      init { normal { mean: 1 std: 3 } }
+    }
+    init_rules {
+      pattern: "*.u"
+      init { uniform { a: -0.5 b: 0.25 } }
+    }
+    seed: 99
+  )pb");
+  ASSERT_OK(m.status());
+  auto generator = [](const char* name) {
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>();
+    g.set_current_seed(DeriveSeed(99, name));
+    return g;
+  };
+  at::Tensor w = at::empty({129, 65}, at::kFloat).normal_(0, 0.02, generator("h.0.w"));
+  at::Tensor b = at::empty({17}, at::kBFloat16).normal_(1, 3, generator("h.0.b"));
+  at::Tensor u = at::empty({3, 4, 5}, at::kDouble).uniform_(-0.5, 0.25, generator("h.0.u"));
+  EXPECT_TRUE(at::equal(m.Get("h.0.w"), w));
+  EXPECT_TRUE(at::equal(m.Get("h.0.b"), b));
+  EXPECT_TRUE(at::equal(m.Get("h.0.u"), u));
+}
+
+TEST(ApplyInitsTest, ValuesDoNotDependOnOtherTensorsOrOrder) {
+  const char* rules = R"pb(
+    init_rules {
+      pattern: "*"
+      init { normal {} }
+    }
+    seed: 5
+  )pb";
+  Materialized alone(std::string(R"pb(
+    tensors { name: "x" shape: [ 300 ] dtype: "float32" }
+  )pb") + rules);
+  Materialized crowd(std::string(R"pb(
+    tensors { name: "z" shape: [ 1000 ] dtype: "float32" }
+    tensors { name: "y" shape: [ 7, 7 ] dtype: "float32" }
+    tensors { name: "x" shape: [ 300 ] dtype: "float32" }
+  )pb") + rules);
+  ASSERT_OK(alone.status());
+  ASSERT_OK(crowd.status());
+  EXPECT_TRUE(at::equal(alone.Get("x"), crowd.Get("x")));
+  EXPECT_FALSE(at::equal(crowd.Get("x"), crowd.Get("z").narrow(0, 0, 300)));
+}
+
+TEST(ApplyInitsTest, ZeroSizeAndScalarTensors) {
+  Materialized m(R"pb(
+    tensors { name: "empty" shape: [ 0, 4 ] dtype: "float32" }
+    tensors { name: "scalar" dtype: "float32" }
+    init_rules {
+      pattern: "*"
+      init { constant { val: -7.25 } }
+    }
+  )pb");
+  ASSERT_OK(m.status());
+  EXPECT_EQ(m.Get("empty").numel(), 0);
+  EXPECT_EQ(m.Get("scalar").item<float>(), -7.25f);
+}
+
+}  // namespace
+}  // namespace materializer::init

@@ -1,0 +1,125 @@
+#include "server/init/resolve.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/init/glob.h"
+#include "server/init/schemes.h"
+
+namespace materializer::init {
+namespace {
+
+// Keeps the uncovered-tensor message well under gRPC's default 8 KiB
+// metadata limit (the status message travels in a trailer).
+constexpr size_t kMaxListedChars = 4000;
+
+std::string RulePath(int index, const v1::InitRule& rule) {
+  return absl::StrCat("model.init_rules[", index, "] (\"", rule.pattern(),
+                      "\")");
+}
+
+std::string TensorPath(int index, const spec::TensorDesc& tensor) {
+  return absl::StrCat("model.tensors[", index, "] (\"", tensor.name, "\")");
+}
+
+absl::Status Prefixed(const std::string& path, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(path, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<Resolution> ResolveInits(
+    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors) {
+  for (int r = 0; r < model.init_rules_size(); ++r) {
+    const v1::InitRule& rule = model.init_rules(r);
+    if (absl::Status s = CheckGlob(rule.pattern()); !s.ok()) {
+      return Prefixed(RulePath(r, rule), s);
+    }
+    if (absl::Status s = CheckSchemeParameters(rule.init()); !s.ok()) {
+      return Prefixed(absl::StrCat(RulePath(r, rule), ".init"), s);
+    }
+  }
+
+  Resolution resolution;
+  resolution.inits.resize(tensors.size());
+  std::vector<int> matched(model.init_rules_size(), 0);
+  std::vector<int> won(model.init_rules_size(), 0);
+  std::vector<int> uncovered;
+
+  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    const spec::TensorDesc& tensor = tensors[i];
+    const v1::TensorSpec& spec = model.tensors(i);
+    ResolvedInit& out = resolution.inits[i];
+    bool covered = false;
+    if (spec.has_init()) {
+      if (absl::Status s = CheckSchemeParameters(spec.init()); !s.ok()) {
+        return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
+      }
+      if (absl::Status s = CheckSchemeForTensor(spec.init(), tensor);
+          !s.ok()) {
+        return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
+      }
+      out.scheme = spec.init();
+      out.description = absl::StrCat(DescribeScheme(out.scheme),
+                                     " [tensor init]");
+      covered = true;
+    }
+    for (int r = 0; r < model.init_rules_size(); ++r) {
+      const v1::InitRule& rule = model.init_rules(r);
+      if (!GlobMatch(rule.pattern(), tensor.name)) continue;
+      ++matched[r];
+      if (covered) continue;
+      if (absl::Status s = CheckSchemeForTensor(rule.init(), tensor);
+          !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(TensorPath(i, tensor), ": ", RulePath(r, rule),
+                         " applies: ", s.message()));
+      }
+      ++won[r];
+      out.scheme = rule.init();
+      out.description = absl::StrCat(DescribeScheme(out.scheme), " [rule ", r,
+                                     " \"", rule.pattern(), "\"]");
+      covered = true;
+    }
+    if (!covered) uncovered.push_back(i);
+  }
+
+  if (!uncovered.empty()) {
+    std::string list;
+    size_t listed = 0;
+    for (int i : uncovered) {
+      if (list.size() > kMaxListedChars) break;
+      absl::StrAppend(&list, listed == 0 ? "" : ", ", "\"", tensors[i].name,
+                      "\"");
+      ++listed;
+    }
+    if (listed < uncovered.size()) {
+      absl::StrAppend(&list, ", ... and ", uncovered.size() - listed,
+                      " more");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: ", uncovered.size(),
+        uncovered.size() == 1 ? " tensor has" : " tensors have",
+        " no init (no per-tensor init and no init_rules pattern matches), so "
+        "it would be returned uninitialized: ",
+        list,
+        ". Add a rule such as {\"pattern\": \"*\", \"init\": {\"zeros\": "
+        "{}}} or set the tensor's init."));
+  }
+
+  for (int r = 0; r < model.init_rules_size(); ++r) {
+    const v1::InitRule& rule = model.init_rules(r);
+    if (matched[r] == 0) {
+      resolution.warnings.push_back(
+          absl::StrCat(RulePath(r, rule), " matches no tensor"));
+    } else if (won[r] == 0) {
+      resolution.warnings.push_back(absl::StrCat(
+          RulePath(r, rule), " matches ", matched[r],
+          " tensor(s), all covered first by a per-tensor init or an earlier "
+          "rule"));
+    }
+  }
+  return resolution;
+}
+
+}  // namespace materializer::init

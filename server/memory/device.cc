@@ -1,0 +1,115 @@
+#include "server/memory/device.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include <ATen/Context.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "server/common/torch_guard.h"
+
+namespace materializer::memory {
+
+absl::StatusOr<DeviceConfig> ParseDeviceName(absl::string_view text) {
+  DeviceConfig config;
+  if (text == "cpu") {
+    config.name = "cpu";
+    config.kind = DeviceKind::kCpu;
+    return config;
+  }
+  absl::string_view rest = text;
+  if (absl::ConsumePrefix(&rest, "cuda")) {
+    int ordinal = 0;
+    if (rest.empty() ||
+        (absl::ConsumePrefix(&rest, ":") && absl::SimpleAtoi(rest, &ordinal) &&
+         ordinal >= 0 && ordinal < 1024 &&
+         absl::StrCat(ordinal) == rest)) {
+      config.name = absl::StrCat("cuda:", ordinal);
+      config.kind = DeviceKind::kCuda;
+      config.ordinal = ordinal;
+      return config;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", text, "\" is not a device; expected \"cpu\" or \"cuda:N\""));
+}
+
+int CudaDeviceCount() {
+  int count = 0;
+  const absl::Status status = GuardTorch("counting CUDA devices", [&] {
+    if (at::hasCUDA()) count = static_cast<int>(at::getNumGPUs());
+  });
+  return status.ok() ? count : 0;
+}
+
+absl::Status CudaMemoryInfo(int ordinal, uint64_t* free_bytes,
+                            uint64_t* total_bytes) {
+  // The CUDA runtime is already loaded by LibTorch's CUDA backend when a
+  // device exists; look it up rather than linking it, so the same binary runs
+  // on machines without CUDA.
+  using SetDevice = int (*)(int);
+  using GetDevice = int (*)(int*);
+  using MemGetInfo = int (*)(size_t*, size_t*);
+  void* runtime = nullptr;
+  for (const char* name : {"libcudart.so.13", "libcudart.so.12",
+                           "libcudart.so"}) {
+    runtime = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    if (runtime != nullptr) break;
+  }
+  if (runtime == nullptr) {
+    return absl::UnavailableError("the CUDA runtime is not loaded");
+  }
+  auto set_device = reinterpret_cast<SetDevice>(dlsym(runtime, "cudaSetDevice"));
+  auto get_device = reinterpret_cast<GetDevice>(dlsym(runtime, "cudaGetDevice"));
+  auto mem_get_info =
+      reinterpret_cast<MemGetInfo>(dlsym(runtime, "cudaMemGetInfo"));
+  if (set_device == nullptr || get_device == nullptr ||
+      mem_get_info == nullptr) {
+    dlclose(runtime);
+    return absl::UnavailableError("the CUDA runtime lacks cudaMemGetInfo");
+  }
+  int previous = 0;
+  get_device(&previous);
+  size_t free_size = 0;
+  size_t total_size = 0;
+  int error = set_device(ordinal);
+  if (error == 0) error = mem_get_info(&free_size, &total_size);
+  set_device(previous);
+  dlclose(runtime);
+  if (error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cudaMemGetInfo(cuda:", ordinal, ") failed: error ",
+                     error));
+  }
+  *free_bytes = free_size;
+  *total_bytes = total_size;
+  return absl::OkStatus();
+}
+
+uint64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  uint64_t bytes = pages > 0 && page_size > 0
+                       ? static_cast<uint64_t>(pages) *
+                             static_cast<uint64_t>(page_size)
+                       : 0;
+  // A container's memory limit (cgroup v2, then v1) is the real ceiling.
+  for (const char* path : {"/sys/fs/cgroup/memory.max",
+                           "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream file(path);
+    std::string text;
+    uint64_t limit = 0;
+    if (file >> text && absl::SimpleAtoi(text, &limit) && limit > 0 &&
+        limit < bytes) {
+      bytes = limit;
+    }
+  }
+  return bytes;
+}
+
+}  // namespace materializer::memory

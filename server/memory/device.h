@@ -1,0 +1,41 @@
+#ifndef MATERIALIZER_SERVER_MEMORY_DEVICE_H_
+#define MATERIALIZER_SERVER_MEMORY_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace materializer::memory {
+
+enum class DeviceKind { kCpu, kCuda };
+
+// One device of the pool.
+struct DeviceConfig {
+  // "cpu" or "cuda:N"; the name clients use in Placement.device.
+  std::string name;
+  DeviceKind kind = DeviceKind::kCpu;
+  // CUDA ordinal; 0 for the CPU.
+  int ordinal = 0;
+  // Bytes the pool may hand out on this device.
+  uint64_t capacity_bytes = 0;
+};
+
+// Parses a device name: "cpu", "cuda" (= cuda:0) or "cuda:N".
+absl::StatusOr<DeviceConfig> ParseDeviceName(absl::string_view text);
+
+// Number of CUDA devices LibTorch can use here (0 without a driver/GPU).
+int CudaDeviceCount();
+
+// Total and free bytes of CUDA device `ordinal` from the CUDA runtime.
+absl::Status CudaMemoryInfo(int ordinal, uint64_t* free_bytes,
+                            uint64_t* total_bytes);
+
+// Physical memory of this machine (or of its cgroup, whichever is lower).
+uint64_t HostMemoryBytes();
+
+}  // namespace materializer::memory
+
+#endif  // MATERIALIZER_SERVER_MEMORY_DEVICE_H_

@@ -1,0 +1,228 @@
+#include "server/memory/pool.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/units.h"
+
+namespace materializer::memory {
+namespace {
+
+void UpdatePeak(Usage& usage) {
+  usage.peak_bytes =
+      std::max(usage.peak_bytes, usage.reserved_bytes + usage.in_use_bytes);
+}
+
+std::string Figure(uint64_t bytes) {
+  return absl::StrCat(FormatBytes(bytes), " (", bytes, " bytes)");
+}
+
+}  // namespace
+
+// --- Allocation -------------------------------------------------------------
+
+Allocation& Allocation::operator=(Allocation&& other) noexcept {
+  if (this != &other) {
+    if (pool_ != nullptr) pool_->Free(client_, device_, bytes_);
+    pool_ = std::exchange(other.pool_, nullptr);
+    client_ = std::move(other.client_);
+    device_ = other.device_;
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+Allocation::~Allocation() {
+  if (pool_ != nullptr) pool_->Free(client_, device_, bytes_);
+}
+
+// --- Reservation ------------------------------------------------------------
+
+Reservation& Reservation::operator=(Reservation&& other) noexcept {
+  if (this != &other) {
+    if (pool_ != nullptr) pool_->Unreserve(client_, device_, bytes_);
+    pool_ = std::exchange(other.pool_, nullptr);
+    client_ = std::move(other.client_);
+    device_ = other.device_;
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+Reservation::~Reservation() {
+  if (pool_ != nullptr) pool_->Unreserve(client_, device_, bytes_);
+}
+
+Allocation Reservation::Commit() && {
+  Allocation allocation;
+  if (pool_ == nullptr) return allocation;
+  pool_->CommitReservation(client_, device_, bytes_);
+  allocation.pool_ = std::exchange(pool_, nullptr);
+  allocation.client_ = std::move(client_);
+  allocation.device_ = device_;
+  allocation.bytes_ = bytes_;
+  return allocation;
+}
+
+const DeviceConfig& Reservation::device() const {
+  return pool_->devices()[device_];
+}
+
+// --- DevicePool -------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
+    std::vector<DeviceConfig> devices) {
+  if (devices.empty()) {
+    return absl::InvalidArgumentError("the device pool needs a device");
+  }
+  absl::flat_hash_set<std::string> names;
+  for (const DeviceConfig& device : devices) {
+    if (!names.insert(device.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device \"", device.name, "\" is listed twice"));
+    }
+  }
+  return std::unique_ptr<DevicePool>(new DevicePool(std::move(devices)));
+}
+
+DevicePool::DevicePool(std::vector<DeviceConfig> devices)
+    : devices_(std::move(devices)), device_usage_(devices_.size()) {}
+
+uint64_t DevicePool::FreeBytesLocked(int index) const {
+  const Usage& usage = device_usage_[index];
+  const uint64_t used = usage.reserved_bytes + usage.in_use_bytes;
+  const uint64_t capacity = devices_[index].capacity_bytes;
+  return used >= capacity ? 0 : capacity - used;
+}
+
+uint64_t DevicePool::FreeBytes(int index) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return FreeBytesLocked(index);
+}
+
+absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view placement,
+                                              uint64_t bytes) const {
+  if (placement.empty() || placement == "auto") {
+    int best = -1;
+    for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
+      const uint64_t free_bytes = FreeBytesLocked(i);
+      if (free_bytes < bytes) continue;
+      if (best < 0 || free_bytes < FreeBytesLocked(best)) best = i;
+    }
+    if (best >= 0) return best;
+    std::vector<std::string> frees;
+    for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
+      frees.push_back(
+          absl::StrCat(devices_[i].name, " ", Figure(FreeBytesLocked(i))));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "placement \"auto\": the model needs ", Figure(bytes),
+        " and no device has that much free; free now: ",
+        absl::StrJoin(frees, ", ")));
+  }
+  for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
+    if (devices_[i].name != placement) continue;
+    const uint64_t free_bytes = FreeBytesLocked(i);
+    if (free_bytes < bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "placement \"", placement, "\": the model needs ", Figure(bytes),
+          " but only ", Figure(free_bytes), " of the device's ",
+          Figure(devices_[i].capacity_bytes), " is free"));
+    }
+    return i;
+  }
+  std::vector<std::string> names;
+  for (const DeviceConfig& device : devices_) names.push_back(device.name);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "placement.device: \"", placement,
+      "\" is not a device of this server; devices: auto, ",
+      absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<int> DevicePool::Resolve(absl::string_view placement,
+                                        uint64_t bytes) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return ResolveLocked(placement, bytes);
+}
+
+template <typename Change>
+void DevicePool::ApplyLocked(const std::string& client, int device,
+                             Change change) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) {
+    it = clients_.emplace(client, ClientLedger{}).first;
+    it->second.per_device.resize(devices_.size());
+  }
+  for (Usage* usage : {&device_usage_[device], &it->second.per_device[device],
+                       &it->second.total, &total_}) {
+    change(*usage);
+    UpdatePeak(*usage);
+  }
+}
+
+absl::StatusOr<Reservation> DevicePool::Reserve(absl::string_view client,
+                                                absl::string_view placement,
+                                                uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<int> device = ResolveLocked(placement, bytes);
+  if (!device.ok()) return device.status();
+  Reservation reservation;
+  reservation.pool_ = this;
+  reservation.client_ = std::string(client);
+  reservation.device_ = *device;
+  reservation.bytes_ = bytes;
+  ApplyLocked(reservation.client_, *device, [bytes](Usage& usage) {
+    usage.reserved_bytes += bytes;
+    usage.handles += 1;
+  });
+  return reservation;
+}
+
+void DevicePool::Unreserve(const std::string& client, int device,
+                           uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ApplyLocked(client, device, [bytes](Usage& usage) {
+    usage.reserved_bytes -= bytes;
+    usage.handles -= 1;
+  });
+}
+
+void DevicePool::CommitReservation(const std::string& client, int device,
+                                   uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ApplyLocked(client, device, [bytes](Usage& usage) {
+    usage.reserved_bytes -= bytes;
+    usage.in_use_bytes += bytes;
+  });
+}
+
+void DevicePool::Free(const std::string& client, int device, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  ApplyLocked(client, device, [bytes](Usage& usage) {
+    usage.in_use_bytes -= bytes;
+    usage.handles -= 1;
+  });
+}
+
+PoolSnapshot DevicePool::Snapshot() const {
+  absl::ReaderMutexLock lock(&mu_);
+  PoolSnapshot snapshot;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    snapshot.devices.push_back({devices_[i], device_usage_[i]});
+  }
+  for (const auto& [client, ledger] : clients_) {
+    const Usage& usage = ledger.total;
+    if (usage.reserved_bytes == 0 && usage.in_use_bytes == 0 &&
+        usage.handles == 0) {
+      continue;
+    }
+    snapshot.clients.emplace(client, usage);
+  }
+  snapshot.total = total_;
+  return snapshot;
+}
+
+}  // namespace materializer::memory

@@ -1,0 +1,172 @@
+#ifndef MATERIALIZER_SERVER_MEMORY_POOL_H_
+#define MATERIALIZER_SERVER_MEMORY_POOL_H_
+
+// The device pool and its ledger: which bytes of which device belong to
+// which client. Memory is admitted in two steps, so that nothing is ever
+// allocated that was not first counted:
+//
+//   ASSIGN_OR_RETURN(Reservation r, pool.Reserve("alice", "auto", bytes));
+//   // ... allocate; on failure just drop `r`: the bytes go back.
+//   Allocation a = std::move(r).Commit();   // reserved -> in use
+//   // ... the arena holds `a`; dropping it frees the bytes in the ledger.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/memory/device.h"
+
+namespace materializer::memory {
+
+class DevicePool;
+
+// Counters of one client on one device, or of a device, or of a client.
+struct Usage {
+  uint64_t reserved_bytes = 0;
+  uint64_t in_use_bytes = 0;
+  // Highest reserved + in_use seen.
+  uint64_t peak_bytes = 0;
+  // Live reservations plus allocations (one per handle).
+  uint32_t handles = 0;
+};
+
+struct DeviceUsage {
+  DeviceConfig device;
+  Usage usage;
+};
+
+struct PoolSnapshot {
+  std::vector<DeviceUsage> devices;   // pool order
+  std::map<std::string, Usage> clients;  // clients holding anything
+  Usage total;
+};
+
+// Bytes counted as in use for one handle. Move-only; destruction returns the
+// bytes to the ledger. Thread-compatible (the pool it points to is
+// thread-safe).
+class Allocation {
+ public:
+  Allocation() = default;
+  Allocation(Allocation&& other) noexcept { *this = std::move(other); }
+  Allocation& operator=(Allocation&& other) noexcept;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+  ~Allocation();
+
+  uint64_t bytes() const { return bytes_; }
+  int device_index() const { return device_; }
+  const std::string& client() const { return client_; }
+
+ private:
+  friend class Reservation;
+  DevicePool* pool_ = nullptr;
+  std::string client_;
+  int device_ = -1;
+  uint64_t bytes_ = 0;
+};
+
+// Bytes admitted for one handle but not yet allocated. Move-only;
+// destruction without Commit() returns them (the rollback path).
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(Reservation&& other) noexcept { *this = std::move(other); }
+  Reservation& operator=(Reservation&& other) noexcept;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation();
+
+  // Moves the bytes from reserved to in use.
+  Allocation Commit() &&;
+
+  uint64_t bytes() const { return bytes_; }
+  int device_index() const { return device_; }
+  const DeviceConfig& device() const;
+  const std::string& client() const { return client_; }
+
+ private:
+  friend class DevicePool;
+  DevicePool* pool_ = nullptr;
+  std::string client_;
+  int device_ = -1;
+  uint64_t bytes_ = 0;
+};
+
+// Thread-safe. Must outlive every Reservation and Allocation it issued.
+class DevicePool {
+ public:
+  // Devices in pool order; names must be unique.
+  static absl::StatusOr<std::unique_ptr<DevicePool>> Create(
+      std::vector<DeviceConfig> devices);
+
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  const std::vector<DeviceConfig>& devices() const { return devices_; }
+
+  // Admits `bytes` for `client` on the device `placement` names, atomically.
+  // Placement: "" or "auto" picks the best fit: the device with the least
+  // free bytes that still fits (ties: pool order), which keeps large holes
+  // free for large models. INVALID_ARGUMENT for a device the pool does not
+  // have; RESOURCE_EXHAUSTED, with the figures, when it does not fit.
+  absl::StatusOr<Reservation> Reserve(absl::string_view client,
+                                      absl::string_view placement,
+                                      uint64_t bytes);
+
+  // Where `placement` would put `bytes` now, without reserving: the device
+  // index, or the same error Reserve would give.
+  absl::StatusOr<int> Resolve(absl::string_view placement,
+                              uint64_t bytes) const;
+
+  // Bytes device `index` could still admit.
+  uint64_t FreeBytes(int index) const;
+
+  PoolSnapshot Snapshot() const;
+
+ private:
+  friend class Reservation;
+  friend class Allocation;
+
+  explicit DevicePool(std::vector<DeviceConfig> devices);
+
+  absl::StatusOr<int> ResolveLocked(absl::string_view placement,
+                                    uint64_t bytes) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t FreeBytesLocked(int index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  void Unreserve(const std::string& client, int device, uint64_t bytes);
+  void CommitReservation(const std::string& client, int device,
+                         uint64_t bytes);
+  void Free(const std::string& client, int device, uint64_t bytes);
+
+  struct ClientLedger {
+    std::vector<Usage> per_device;  // indexed like devices_
+    Usage total;
+  };
+
+  // Applies one change to the four counters it touches (device, client on
+  // device, client, server), keeping their peaks.
+  template <typename Change>
+  void ApplyLocked(const std::string& client, int device, Change change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::vector<DeviceConfig> devices_;
+
+  mutable absl::Mutex mu_;
+  // Guards every counter below.
+  std::vector<Usage> device_usage_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ClientLedger, std::less<>> clients_
+      ABSL_GUARDED_BY(mu_);
+  Usage total_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace materializer::memory
+
+#endif  // MATERIALIZER_SERVER_MEMORY_POOL_H_

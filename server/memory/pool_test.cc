@@ -1,0 +1,151 @@
+#include "server/memory/pool.h"
+
+#include <thread>
+#include <vector>
+
+#include "tests/testing/status_matchers.h"
+
+namespace materializer::memory {
+namespace {
+
+using ::materializer::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::unique_ptr<DevicePool> MakePool(std::vector<uint64_t> capacities) {
+  std::vector<DeviceConfig> devices;
+  for (size_t i = 0; i < capacities.size(); ++i) {
+    DeviceConfig device;
+    device.name = i == 0 ? "cpu" : "cuda:" + std::to_string(i - 1);
+    device.kind = i == 0 ? DeviceKind::kCpu : DeviceKind::kCuda;
+    device.ordinal = i == 0 ? 0 : static_cast<int>(i - 1);
+    device.capacity_bytes = capacities[i];
+    devices.push_back(device);
+  }
+  return DevicePool::Create(devices).value();
+}
+
+void ExpectAllZero(const DevicePool& pool) {
+  const PoolSnapshot snapshot = pool.Snapshot();
+  for (const DeviceUsage& d : snapshot.devices) {
+    EXPECT_EQ(d.usage.reserved_bytes, 0u) << d.device.name;
+    EXPECT_EQ(d.usage.in_use_bytes, 0u) << d.device.name;
+    EXPECT_EQ(d.usage.handles, 0u) << d.device.name;
+  }
+  EXPECT_TRUE(snapshot.clients.empty());
+  EXPECT_EQ(snapshot.total.reserved_bytes, 0u);
+  EXPECT_EQ(snapshot.total.in_use_bytes, 0u);
+  EXPECT_EQ(snapshot.total.handles, 0u);
+}
+
+TEST(DevicePoolTest, ReserveCommitFreeMovesBytesThroughTheLedger) {
+  auto pool = MakePool({1000});
+  {
+    ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("alice", "cpu", 300));
+    PoolSnapshot s = pool->Snapshot();
+    EXPECT_EQ(s.devices[0].usage.reserved_bytes, 300u);
+    EXPECT_EQ(s.devices[0].usage.in_use_bytes, 0u);
+    EXPECT_EQ(s.clients.at("alice").reserved_bytes, 300u);
+    EXPECT_EQ(pool->FreeBytes(0), 700u);
+
+    Allocation a = std::move(r).Commit();
+    s = pool->Snapshot();
+    EXPECT_EQ(s.devices[0].usage.reserved_bytes, 0u);
+    EXPECT_EQ(s.devices[0].usage.in_use_bytes, 300u);
+    EXPECT_EQ(s.devices[0].usage.handles, 1u);
+    EXPECT_EQ(s.clients.at("alice").in_use_bytes, 300u);
+    EXPECT_EQ(s.total.in_use_bytes, 300u);
+    EXPECT_EQ(pool->FreeBytes(0), 700u);
+  }
+  ExpectAllZero(*pool);
+  EXPECT_EQ(pool->Snapshot().devices[0].usage.peak_bytes, 300u);
+}
+
+TEST(DevicePoolTest, DroppedReservationRollsBack) {
+  auto pool = MakePool({1000});
+  { ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("bob", "auto", 999)); }
+  ExpectAllZero(*pool);
+}
+
+TEST(DevicePoolTest, FullDeviceIsResourceExhaustedWithFiguresAndNoChange) {
+  auto pool = MakePool({1000});
+  ASSERT_OK_AND_ASSIGN(Reservation held, pool->Reserve("alice", "cpu", 600));
+  EXPECT_THAT(pool->Reserve("bob", "cpu", 500).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("needs 500 B (500 bytes)"),
+                             HasSubstr("only 400 B (400 bytes)"),
+                             HasSubstr("1000 B (1000 bytes)"))));
+  PoolSnapshot s = pool->Snapshot();
+  EXPECT_EQ(s.devices[0].usage.reserved_bytes, 600u);
+  EXPECT_EQ(s.clients.count("bob"), 0u);
+}
+
+TEST(DevicePoolTest, UnknownDeviceListsTheRealOnes) {
+  auto pool = MakePool({1000, 2000});
+  EXPECT_THAT(pool->Reserve("alice", "cuda:7", 1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"cuda:7\" is not a device"),
+                             HasSubstr("auto, cpu, cuda:0"))));
+  ExpectAllZero(*pool);
+}
+
+TEST(DevicePoolTest, AutoPicksTheTightestFitThenPoolOrder) {
+  auto pool = MakePool({1000, 500, 500});
+  // 400 fits everywhere; cuda:0 and cuda:1 tie with the least free bytes.
+  EXPECT_EQ(pool->Resolve("auto", 400).value(), 1);
+  ASSERT_OK_AND_ASSIGN(Reservation a, pool->Reserve("alice", "auto", 400));
+  EXPECT_EQ(a.device_index(), 1);
+  // Now cuda:0 has 100 free: 200 goes to the next tightest, cuda:1.
+  ASSERT_OK_AND_ASSIGN(Reservation b, pool->Reserve("alice", "", 200));
+  EXPECT_EQ(b.device_index(), 2);
+  // 900 only fits the CPU.
+  ASSERT_OK_AND_ASSIGN(Reservation c, pool->Reserve("alice", "auto", 900));
+  EXPECT_EQ(c.device_index(), 0);
+  // Nothing has 400 left anywhere.
+  EXPECT_THAT(pool->Reserve("alice", "auto", 400).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("no device has that much free")));
+}
+
+TEST(DevicePoolTest, ZeroByteReservationsCountAsHandles) {
+  auto pool = MakePool({0});
+  ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("alice", "cpu", 0));
+  Allocation a = std::move(r).Commit();
+  EXPECT_EQ(pool->Snapshot().devices[0].usage.handles, 1u);
+}
+
+TEST(DevicePoolTest, ConcurrentClientsNeverOvercommitAndEndAtZero) {
+  auto pool = MakePool({10000});
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string client = "client" + std::to_string(t % 3);
+      for (int i = 0; i < 2000; ++i) {
+        absl::StatusOr<Reservation> r = pool->Reserve(client, "auto", 700);
+        if (!r.ok()) continue;
+        admitted.fetch_add(1);
+        const PoolSnapshot s = pool->Snapshot();
+        EXPECT_LE(s.devices[0].usage.reserved_bytes +
+                      s.devices[0].usage.in_use_bytes,
+                  10000u);
+        if (i % 2 == 0) Allocation a = std::move(*r).Commit();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_GT(admitted.load(), 0);
+  ExpectAllZero(*pool);
+  EXPECT_LE(pool->Snapshot().devices[0].usage.peak_bytes, 10000u);
+}
+
+TEST(DevicePoolTest, DuplicateDeviceNamesAreRejected) {
+  DeviceConfig cpu;
+  cpu.name = "cpu";
+  EXPECT_THAT(DevicePool::Create({cpu, cpu}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("listed twice")));
+}
+
+}  // namespace
+}  // namespace materializer::memory

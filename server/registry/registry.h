@@ -1,0 +1,78 @@
+#ifndef MATERIALIZER_SERVER_REGISTRY_REGISTRY_H_
+#define MATERIALIZER_SERVER_REGISTRY_REGISTRY_H_
+
+// Handles by id, each owned by one authenticated identity. To any other
+// identity a handle does not exist: lookups answer NOT_FOUND exactly as for
+// an id that was never issued, so ids cannot be probed.
+//
+//   std::shared_ptr<Handle> h = registry.Create(std::move(spec));
+//   ASSIGN_OR_RETURN(std::shared_ptr<Handle> same, registry.Get(owner, id));
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/registry/handle.h"
+
+namespace materializer::registry {
+
+// A fresh handle id: "h-" and 32 hex digits from the kernel's CSPRNG.
+std::string NewHandleId();
+
+struct ReleaseResult {
+  // False when the owner had already released this handle.
+  bool released = false;
+  uint64_t freed_bytes = 0;
+};
+
+// Thread-safe.
+class HandleRegistry {
+ public:
+  // How many released ids are remembered (per registry) so that a repeated
+  // Release can say "already released" instead of NOT_FOUND.
+  static constexpr size_t kReleasedMemory = 100000;
+
+  HandleRegistry() = default;
+  HandleRegistry(const HandleRegistry&) = delete;
+  HandleRegistry& operator=(const HandleRegistry&) = delete;
+
+  // Registers a new handle (state MATERIALIZING) under a fresh id.
+  std::shared_ptr<Handle> Create(HandleSpec spec);
+
+  // The handle if `owner` owns it, else NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Handle>> Get(absl::string_view owner,
+                                              absl::string_view id) const;
+
+  // Unregisters and releases the handle. Idempotent for its owner;
+  // NOT_FOUND for anyone else and for ids never issued.
+  absl::StatusOr<ReleaseResult> Release(absl::string_view owner,
+                                        absl::string_view id);
+
+  // Unregisters without reporting (rollback of a failed materialization).
+  void Forget(absl::string_view id);
+
+  // `owner`'s handles, oldest first.
+  std::vector<std::shared_ptr<Handle>> List(absl::string_view owner) const;
+
+  size_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  // Guards every member below.
+  absl::flat_hash_map<std::string, std::shared_ptr<Handle>> handles_
+      ABSL_GUARDED_BY(mu_);
+  // Released id -> owner, bounded FIFO.
+  absl::flat_hash_map<std::string, std::string> released_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> released_order_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace materializer::registry
+
+#endif  // MATERIALIZER_SERVER_REGISTRY_REGISTRY_H_
