@@ -8,10 +8,14 @@
 
 #include <ATen/Context.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "server/common/status_macros.h"
 #include "server/common/torch_guard.h"
+#include "server/common/units.h"
 
 namespace materializer::memory {
 
@@ -110,6 +114,67 @@ uint64_t HostMemoryBytes() {
     }
   }
   return bytes;
+}
+
+namespace {
+
+absl::StatusOr<uint64_t> CpuCapacity(absl::string_view text) {
+  absl::string_view percent = text;
+  if (absl::ConsumeSuffix(&percent, "%")) {
+    double share = 0;
+    if (!absl::SimpleAtod(percent, &share) || !(share > 0) || share > 100) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cpu capacity \"", text, "\": a percentage must be in (0, 100]"));
+    }
+    return static_cast<uint64_t>(static_cast<double>(HostMemoryBytes()) *
+                                 share / 100.0);
+  }
+  absl::StatusOr<uint64_t> bytes = ParseBytes(text);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu capacity: ", bytes.status().message()));
+  }
+  return *bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DeviceConfig>> ConfigureDevices(
+    const PoolOptions& options) {
+  const int cuda_count = CudaDeviceCount();
+  std::vector<std::string> names;
+  if (options.devices.empty() || options.devices == "auto") {
+    for (int i = 0; i < cuda_count; ++i) names.push_back(absl::StrCat("cuda:", i));
+    if (names.empty()) names.push_back("cpu");
+  } else {
+    names = absl::StrSplit(options.devices, ',', absl::SkipWhitespace());
+  }
+  absl::StatusOr<uint64_t> cuda_reserve = ParseBytes(options.cuda_reserve);
+  if (!cuda_reserve.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda reserve: ", cuda_reserve.status().message()));
+  }
+  std::vector<DeviceConfig> devices;
+  for (const std::string& raw : names) {
+    ASSIGN_OR_RETURN(DeviceConfig device,
+                     ParseDeviceName(absl::StripAsciiWhitespace(raw)));
+    if (device.kind == DeviceKind::kCpu) {
+      ASSIGN_OR_RETURN(device.capacity_bytes, CpuCapacity(options.cpu_capacity));
+    } else {
+      if (device.ordinal >= cuda_count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "device ", device.name, " is not available: this machine has ",
+            cuda_count, " CUDA device(s) visible to LibTorch"));
+      }
+      uint64_t free_bytes = 0;
+      uint64_t total_bytes = 0;
+      RETURN_IF_ERROR(CudaMemoryInfo(device.ordinal, &free_bytes, &total_bytes));
+      device.capacity_bytes =
+          total_bytes > *cuda_reserve ? total_bytes - *cuda_reserve : 0;
+    }
+    devices.push_back(std::move(device));
+  }
+  return devices;
 }
 
 }  // namespace materializer::memory

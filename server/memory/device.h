@@ -36,6 +36,22 @@ absl::Status CudaMemoryInfo(int ordinal, uint64_t* free_bytes,
 // Physical memory of this machine (or of its cgroup, whichever is lower).
 uint64_t HostMemoryBytes();
 
+struct PoolOptions {
+  // "auto": every CUDA device LibTorch sees, else the CPU. Or a comma list
+  // of device names: "cpu", "cuda:0,cuda:2", "cpu,cuda:0".
+  std::string devices = "auto";
+  // CPU capacity: a byte count ("16GiB") or a share of host memory ("75%").
+  std::string cpu_capacity = "75%";
+  // Per CUDA device: capacity is total device memory minus this reserve
+  // (room for the CUDA context and LibTorch's own workspace).
+  std::string cuda_reserve = "1GiB";
+};
+
+// Resolves PoolOptions into concrete devices with capacities.
+// INVALID_ARGUMENT for unknown or unavailable devices and bad sizes.
+absl::StatusOr<std::vector<DeviceConfig>> ConfigureDevices(
+    const PoolOptions& options);
+
 }  // namespace materializer::memory
 
 #endif  // MATERIALIZER_SERVER_MEMORY_DEVICE_H_

@@ -12,6 +12,9 @@ symbols, so a mismatch cannot slip through), and an rpath to the library
 directory so binaries run from bazel-bin without LD_LIBRARY_PATH.
 """
 
+# Bundled third-party headers that must not be visible to our code.
+_HIDDEN_INCLUDES = ["google", "pybind11"]
+
 def _fail_not_found(detail):
     fail(("LibTorch not found: %s\n" +
           "Run ./dev setup (installs torch into the project venv), or set " +
@@ -65,7 +68,13 @@ def _torch_version(rctx, root):
 def _libtorch_repository_impl(rctx):
     root = _find_root(rctx)
     lib = root.get_child("lib")
-    rctx.symlink(root.get_child("include"), "include")
+    # The wheel bundles headers of its own third-party copies; protobuf 3.13's
+    # (include/google) would shadow the system protobuf our generated code is
+    # built for. Expose everything else, entry by entry.
+    for entry in root.get_child("include").readdir():
+        if entry.basename in _HIDDEN_INCLUDES:
+            continue
+        rctx.symlink(entry, "include/" + entry.basename)
     rctx.symlink(lib, "lib")
 
     abi = 1 if _uses_cxx11_abi(rctx, lib.get_child("libc10.so")) else 0

@@ -1,0 +1,94 @@
+// materializerd: parses flags, starts the server, waits for SIGINT/SIGTERM.
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/log.h"
+#include "server/common/units.h"
+#include "server/service/server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "host:port to serve on; port 0 picks a free port (the bound "
+          "address is printed on stdout)");
+ABSL_FLAG(std::string, devices, "auto",
+          "pool devices: auto (every CUDA device, else the CPU), or a comma "
+          "list such as cpu or cuda:0,cuda:2");
+ABSL_FLAG(std::string, cpu_capacity, "75%",
+          "bytes the CPU device may hand out: a size (16GiB) or a share of "
+          "host memory (75%)");
+ABSL_FLAG(std::string, cuda_reserve, "1GiB",
+          "per CUDA device, memory kept out of the pool");
+ABSL_FLAG(std::string, max_message_size, "256MiB",
+          "largest request/response message");
+ABSL_FLAG(int, workers, 0,
+          "threads for materialization work; 0 = one per hardware thread");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(bool, allow_insecure_remote, false,
+          "serve on a non-loopback address although client identity comes "
+          "from unauthenticated metadata (trusted networks only)");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Materializes PyTorch meta modules into initialized weights over gRPC.\n"
+      "Usage: materializerd [--listen=127.0.0.1:50051] [--devices=auto] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  materializer::log::Level level;
+  if (!materializer::log::ParseLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::cerr << "materializerd: --log_level must be debug, info, warning or "
+                 "error\n";
+    return 2;
+  }
+  materializer::log::SetMinLevel(level);
+
+  materializer::service::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.pool.devices = absl::GetFlag(FLAGS_devices);
+  options.pool.cpu_capacity = absl::GetFlag(FLAGS_cpu_capacity);
+  options.pool.cuda_reserve = absl::GetFlag(FLAGS_cuda_reserve);
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
+  absl::StatusOr<uint64_t> max_message =
+      materializer::ParseBytes(absl::GetFlag(FLAGS_max_message_size));
+  if (!max_message.ok() || *max_message == 0 || *max_message > (1u << 31) - 1) {
+    std::cerr << "materializerd: --max_message_size must be a size between 1 "
+                 "byte and 2GiB-1\n";
+    return 2;
+  }
+  options.max_message_bytes = static_cast<int>(*max_message);
+
+  // Signals are taken by a dedicated thread with sigwait, so shutdown runs as
+  // ordinary code rather than inside a signal handler.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<materializer::service::Server>> server =
+      materializer::service::Server::Start(options);
+  if (!server.ok()) {
+    std::cerr << "materializerd: " << server.status() << "\n";
+    return 1;
+  }
+  std::cout << "materializerd listening on " << (*server)->address()
+            << std::endl;
+
+  std::thread signal_thread([&signals, &server] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    MLOG(INFO) << "signal " << signal << ": shutting down";
+    (*server)->Shutdown(absl::Seconds(10));
+  });
+  (*server)->Wait();
+  // Wake the signal thread if shutdown came from elsewhere.
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  return 0;
+}

@@ -1,0 +1,61 @@
+#ifndef MATERIALIZER_SERVER_SERVICE_MATERIALIZER_SERVICE_H_
+#define MATERIALIZER_SERVER_SERVICE_MATERIALIZER_SERVICE_H_
+
+// The gRPC adapter for materializer.v1.Materializer (callback API). Each
+// handler authenticates, calls the engine, converts the status, and
+// finishes; no business logic lives here. Calls that can take long (Plan,
+// Materialize) run on the worker pool so gRPC's callback threads stay free.
+
+#include "materializer/v1/materializer.grpc.pb.h"
+#include "server/common/thread_pool.h"
+#include "server/engine/engine.h"
+#include "server/service/auth.h"
+
+namespace materializer::service {
+
+// Thread-safe. The engine and worker pool must outlive the gRPC server that
+// serves this service.
+class MaterializerService final : public v1::Materializer::CallbackService {
+ public:
+  MaterializerService(engine::Engine* engine, ThreadPool* workers);
+
+  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
+                                 const v1::PlanRequest* request,
+                                 v1::PlanResponse* response) override;
+  grpc::ServerUnaryReactor* Materialize(
+      grpc::CallbackServerContext* context,
+      const v1::MaterializeRequest* request,
+      v1::MaterializeResponse* response) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
+                                     const v1::DescribeRequest* request,
+                                     v1::HandleInfo* response) override;
+  grpc::ServerWriteReactor<v1::WeightChunk>* FetchWeights(
+      grpc::CallbackServerContext* context,
+      const v1::FetchRequest* request) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* ListHandles(
+      grpc::CallbackServerContext* context,
+      const v1::ListHandlesRequest* request,
+      v1::ListHandlesResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+ private:
+  // Authenticates, then runs `call(caller)` -> StatusOr<Response> inline or
+  // on the worker pool, stores the value in *response and finishes.
+  template <typename Response, typename Call>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                  Response* response, bool offload,
+                                  Call call);
+
+  engine::Engine* const engine_;
+  ThreadPool* const workers_;
+  const Authenticator authenticator_{};
+};
+
+}  // namespace materializer::service
+
+#endif  // MATERIALIZER_SERVER_SERVICE_MATERIALIZER_SERVICE_H_

@@ -1,0 +1,122 @@
+#include "server/service/server.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/common/thread_pool.h"
+#include "server/common/units.h"
+#include "server/engine/engine.h"
+#include "server/registry/registry.h"
+#include "server/service/auth.h"
+#include "server/service/materializer_service.h"
+
+namespace materializer::service {
+
+constexpr char kServiceName[] = "materializer.v1.Materializer";
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const ServerOptions& options) {
+  if (!IsLoopbackAddress(options.listen) && !options.allow_insecure_remote) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on ", options.listen,
+        ": client identity would come from unauthenticated metadata. Listen "
+        "on a loopback address, or pass --allow_insecure_remote where every "
+        "peer that can reach the port is trusted"));
+  }
+  ASSIGN_OR_RETURN(std::vector<memory::DeviceConfig> devices,
+                   memory::ConfigureDevices(options.pool));
+
+  std::unique_ptr<Server> server(new Server());
+  ASSIGN_OR_RETURN(server->pool_, memory::DevicePool::Create(devices));
+  server->registry_ = std::make_unique<registry::HandleRegistry>();
+  const int workers =
+      options.workers > 0
+          ? options.workers
+          : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  server->workers_ = std::make_unique<ThreadPool>(workers);
+  server->engine_ = std::make_unique<engine::Engine>(
+      server->pool_.get(), server->registry_.get(), server->workers_.get());
+  server->service_ = std::make_unique<MaterializerService>(
+      server->engine_.get(), server->workers_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &server->port_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(server->service_.get());
+  server->grpc_server_ = builder.BuildAndStart();
+  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (address in use, or not an address of this host)"));
+  }
+  grpc::HealthCheckServiceInterface* health =
+      server->grpc_server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(kServiceName, true);
+  }
+
+  const std::string host =
+      options.listen.substr(0, options.listen.rfind(':'));
+  server->address_ = absl::StrCat(host, ":", server->port_);
+
+  std::vector<std::string> summary;
+  for (const memory::DeviceConfig& device : devices) {
+    summary.push_back(
+        absl::StrCat(device.name, " (", FormatBytes(device.capacity_bytes),
+                     ")"));
+  }
+  MLOG(INFO) << "serving " << kServiceName << " on " << server->address_
+             << " with devices " << absl::StrJoin(summary, ", ") << ", "
+             << workers << " workers";
+  MLOG(WARNING) << "INSECURE development mode: client identity is taken from "
+                   "the '"
+                << kClientMetadataKey
+                << "' call metadata without authentication";
+  return server;
+}
+
+Server::~Server() { Shutdown(absl::Seconds(5)); }
+
+void Server::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&shut_down_));
+}
+
+void Server::Shutdown(absl::Duration deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {  // another caller does the work; wait for it
+      mu_.Await(absl::Condition(&shut_down_));
+      return;
+    }
+    shutting_down_ = true;
+  }
+  if (grpc::HealthCheckServiceInterface* health =
+          grpc_server_->GetHealthCheckService()) {
+    health->Shutdown();
+  }
+  grpc_server_->Shutdown(
+      std::chrono::system_clock::now() +
+      std::chrono::microseconds(absl::ToInt64Microseconds(deadline)));
+  workers_.reset();  // finishes queued and async work
+  MLOG(INFO) << "shut down";
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+}
+
+}  // namespace materializer::service

@@ -1,0 +1,100 @@
+#ifndef MATERIALIZER_SERVER_SERVICE_SERVER_H_
+#define MATERIALIZER_SERVER_SERVICE_SERVER_H_
+
+// A running materializerd: device pool, registry, engine, gRPC server.
+// main() parses flags and calls Start; tests start the same thing on port 0.
+//
+//   ServerOptions options;
+//   options.listen = "127.0.0.1:0";
+//   ASSIGN_OR_RETURN(std::unique_ptr<Server> server, Server::Start(options));
+//   Connect to server->address() ...
+//   server->Shutdown(absl::Seconds(5));
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/memory/device.h"
+#include "server/memory/pool.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace materializer {
+class ThreadPool;
+namespace engine {
+class Engine;
+}
+namespace registry {
+class HandleRegistry;
+}
+namespace service {
+class MaterializerService;
+
+struct ServerOptions {
+  // host:port; port 0 picks a free one (see Server::address()).
+  std::string listen = "127.0.0.1:50051";
+  memory::PoolOptions pool;
+  // Largest request or response message.
+  int max_message_bytes = 256 << 20;
+  // Threads for Plan/Materialize/Release and async materializations;
+  // 0 means one per hardware thread (at least 2).
+  int workers = 0;
+  // The only authentication mode so far takes the client's name from
+  // metadata; that is safe only where every peer is trusted. Serving it on a
+  // non-loopback address must be asked for explicitly.
+  bool allow_insecure_remote = false;
+};
+
+// Thread-safe.
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const ServerOptions& options);
+
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound address, e.g. "127.0.0.1:41234".
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+
+  memory::DevicePool& pool() { return *pool_; }
+
+  // Blocks until Shutdown() has completed.
+  void Wait();
+
+  // Stops accepting calls, gives calls in flight until `deadline` to finish
+  // (then cancels them), and drains background work. Idempotent.
+  void Shutdown(absl::Duration deadline);
+
+ private:
+  Server() = default;
+
+  std::string address_;
+  int port_ = 0;
+  // Declaration order is teardown order reversed: the gRPC server goes
+  // first, then the workers (draining async work), then the engine and the
+  // state it uses.
+  std::unique_ptr<memory::DevicePool> pool_;
+  std::unique_ptr<registry::HandleRegistry> registry_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<ThreadPool> workers_;
+  std::unique_ptr<MaterializerService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+
+  absl::Mutex mu_;
+  // Guards the two flags: a shutdown began / completed.
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace service
+}  // namespace materializer
+
+#endif  // MATERIALIZER_SERVER_SERVICE_SERVER_H_
