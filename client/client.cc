@@ -1,0 +1,398 @@
+#include "client/client.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "server/common/status_macros.h"
+
+namespace materializer::client {
+namespace {
+
+// Every channel's credentials come from here. Today the server only offers
+// its insecure loopback development mode; mTLS and bearer tokens will be
+// chosen here from new ClientOptions fields.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+MakeChannelCredentials(const ClientOptions& options) {
+  return grpc::InsecureChannelCredentials();
+}
+
+absl::Status ValidateOptions(const ClientOptions& options) {
+  if (options.target.empty()) {
+    return absl::InvalidArgumentError("ClientOptions.target is empty");
+  }
+  for (const char c : options.client_name) {
+    // Outside 0x20..0x7e gRPC would fail every call with an opaque INTERNAL
+    // error, so refuse the name up front and say why.
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ClientOptions.client_name \"", options.client_name,
+                       "\" must be printable ASCII: it is sent as the ",
+                       kClientMetadataKey, " header"));
+    }
+  }
+  if (options.timeout <= absl::ZeroDuration() ||
+      options.fetch_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.timeout and fetch_timeout must be positive, got ",
+                     absl::FormatDuration(options.timeout), " and ",
+                     absl::FormatDuration(options.fetch_timeout)));
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.max_message_bytes must be positive, got ",
+                     options.max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Checks one chunk against the stream so far (see Client::Fetch).
+absl::Status CheckChunk(const v1::FetchRequest& request,
+                        const v1::WeightChunk& chunk, bool first,
+                        uint64_t expected_offset, uint64_t total_bytes) {
+  if (chunk.offset() != expected_offset) {
+    if (first) {
+      return absl::DataLossError(absl::StrCat(
+          "fetch of ", request.handle(), ": the first chunk starts at byte ",
+          chunk.offset(), ", but the fetch asked for byte ", expected_offset));
+    }
+    return absl::DataLossError(
+        absl::StrCat("fetch of ", request.handle(), ": a chunk starts at byte ",
+                     chunk.offset(), ", but the previous one ended at byte ",
+                     expected_offset));
+  }
+  if (!first && chunk.total_bytes() != total_bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "fetch of ", request.handle(), ": total_bytes changed from ",
+        total_bytes, " to ", chunk.total_bytes(), " at byte ", chunk.offset()));
+  }
+  if (chunk.offset() > chunk.total_bytes() ||
+      chunk.data().size() > chunk.total_bytes() - chunk.offset()) {
+    return absl::DataLossError(absl::StrCat(
+        "fetch of ", request.handle(), ": the chunk of ", chunk.data().size(),
+        " bytes at byte ", chunk.offset(), " runs past the end of the ",
+        chunk.total_bytes(), "-byte file"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes all of `data` at `offset`, retrying short writes and EINTR.
+absl::Status WriteAllAt(int fd, absl::string_view data, uint64_t offset,
+                        const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t written =
+        ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(offset));
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat("writing ", path));
+    }
+    data.remove_prefix(static_cast<size_t>(written));
+    offset += static_cast<uint64_t>(written);
+  }
+  return absl::OkStatus();
+}
+
+// Owns a file descriptor. Thread-compatible.
+class File {
+ public:
+  explicit File(int fd) : fd_(fd) {}
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  int fd() const { return fd_; }
+
+  // Closes now, reporting the error that the destructor would swallow (on
+  // some file systems a failed write-back shows up only here).
+  absl::Status Close(const std::string& path) {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("closing ", path));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+};
+
+absl::StatusOr<uint64_t> FileSize(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("stat ", path));
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// Makes a completed rename durable: the new directory entry lives in the
+// directory, which has to be synced separately from the file.
+absl::Status SyncParentDirectory(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("opening ", dir));
+  File file(fd);
+  if (::fsync(file.fd()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", dir));
+  }
+  return file.Close(dir);
+}
+
+// The body of FetchToFile once `partial` is open as `file`: fetch, check,
+// fsync, rename.
+absl::Status FetchIntoPartial(Client& client, const std::string& handle,
+                              const std::string& path,
+                              const std::string& partial, File& file,
+                              const FetchFileOptions& options) {
+  uint64_t start = 0;
+  if (options.resume) {
+    ASSIGN_OR_RETURN(start, FileSize(file.fd(), partial));
+  }
+
+  v1::FetchRequest request;
+  request.set_handle(handle);
+  request.set_format(v1::WEIGHT_FORMAT_SAFETENSORS);
+  request.set_offset(start);
+  request.set_chunk_bytes(options.chunk_bytes);
+  request.set_include_non_persistent(options.include_non_persistent);
+
+  bool started = false;
+  absl::StatusOr<uint64_t> total =
+      client.Fetch(request, [&](const v1::WeightChunk& chunk) -> absl::Status {
+        if (!started) {
+          started = true;
+          if (options.progress) options.progress(start, chunk.total_bytes());
+        }
+        RETURN_IF_ERROR(
+            WriteAllAt(file.fd(), chunk.data(), chunk.offset(), partial));
+        if (options.progress) {
+          options.progress(chunk.offset() + chunk.data().size(),
+                           chunk.total_bytes());
+        }
+        return absl::OkStatus();
+      });
+  if (!total.ok()) {
+    if (start > 0 && total.status().code() == absl::StatusCode::kOutOfRange) {
+      return absl::OutOfRangeError(absl::StrCat(
+          total.status().message(), " (resuming from ", partial,
+          ", which holds ", start,
+          " bytes: it is not a prefix of this handle's file; delete it or "
+          "fetch without resume)"));
+    }
+    return total.status();
+  }
+
+  ASSIGN_OR_RETURN(const uint64_t size, FileSize(file.fd(), partial));
+  if (size != *total) {
+    // The stream was checked to end exactly at total_bytes, so this means
+    // something else wrote to the .partial file meanwhile.
+    return absl::DataLossError(absl::StrCat(partial, " holds ", size,
+                                            " bytes, but the file of ", handle,
+                                            " is ", *total, " bytes"));
+  }
+  if (::fsync(file.fd()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", partial));
+  }
+  RETURN_IF_ERROR(file.Close(partial));
+  if (::rename(partial.c_str(), path.c_str()) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("renaming ", partial, " to ", path));
+  }
+  return SyncParentDirectory(path);
+}
+
+}  // namespace
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  // grpc::StatusCode and absl::StatusCode share the canonical numbering.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   MakeChannelCredentials(options));
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
+  arguments.SetMaxSendMessageSize(options.max_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.target, credentials, arguments);
+  if (channel == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("cannot create a channel to ", options.target));
+  }
+  return std::unique_ptr<Client>(new Client(options, std::move(channel)));
+}
+
+Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Materializer::NewStub(channel_)),
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+void Client::PrepareContext(grpc::ClientContext* context,
+                            absl::Duration timeout) const {
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          absl::ToChronoMilliseconds(timeout));
+  }
+  if (!options_.client_name.empty()) {
+    context->AddMetadata(kClientMetadataKey, options_.client_name);
+  }
+}
+
+absl::StatusOr<v1::PlanResponse> Client::Plan(const v1::PlanRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::PlanResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Plan(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::MaterializeResponse> Client::Materialize(
+    const v1::MaterializeRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::MaterializeResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Materialize(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::HandleInfo> Client::Describe(absl::string_view handle) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::DescribeRequest request;
+  request.set_handle(std::string(handle));
+  v1::HandleInfo response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Describe(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ReleaseResponse> Client::Release(absl::string_view handle) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ReleaseRequest request;
+  request.set_handle(std::string(handle));
+  v1::ReleaseResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Release(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ListHandlesResponse> Client::ListHandles() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ListHandlesResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->ListHandles(&context, v1::ListHandlesRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::GetStatsResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(
+      stub_->GetStats(&context, v1::GetStatsRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<std::string> Client::Health() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service("");
+  grpc::health::v1::HealthCheckResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(health_stub_->Check(&context, request, &response)));
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+      response.status());
+}
+
+absl::StatusOr<uint64_t> Client::Fetch(
+    const v1::FetchRequest& request,
+    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk) {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.fetch_timeout);
+  std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
+      stub_->FetchWeights(&context, request);
+
+  v1::WeightChunk chunk;
+  bool first = true;
+  uint64_t next_offset = request.offset();
+  uint64_t total_bytes = 0;
+  // Why we stopped reading before the server finished, if we did.
+  absl::Status stopped;
+  while (reader->Read(&chunk)) {
+    stopped = CheckChunk(request, chunk, first, next_offset, total_bytes);
+    if (stopped.ok()) stopped = on_chunk(chunk);
+    if (!stopped.ok()) break;
+    first = false;
+    total_bytes = chunk.total_bytes();
+    next_offset = chunk.offset() + chunk.data().size();
+  }
+  if (!stopped.ok()) {
+    context.TryCancel();
+    // Finish may only follow the last Read; after the cancel the remaining
+    // reads fail fast, and Finish reports CANCELLED, which says less than
+    // the reason we already have.
+    while (reader->Read(&chunk)) {
+    }
+    reader->Finish().IgnoreError();
+    return stopped;
+  }
+  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (first) {
+    return absl::DataLossError(
+        absl::StrCat("fetch of ", request.handle(),
+                     ": the server ended the stream without sending a chunk"));
+  }
+  if (next_offset != total_bytes) {
+    return absl::DataLossError(absl::StrCat("fetch of ", request.handle(),
+                                            ": the stream ended at byte ",
+                                            next_offset, " of ", total_bytes));
+  }
+  return total_bytes;
+}
+
+absl::Status FetchToFile(Client& client, const std::string& handle,
+                         const std::string& path,
+                         const FetchFileOptions& options) {
+  const std::string partial = path + ".partial";
+  const int flags =
+      O_WRONLY | O_CREAT | O_CLOEXEC | (options.resume ? 0 : O_TRUNC);
+  const int fd = ::open(partial.c_str(), flags, 0644);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("opening ", partial));
+  }
+  File file(fd);
+  const absl::Status status =
+      FetchIntoPartial(client, handle, path, partial, file, options);
+  if (!status.ok()) {
+    // An empty .partial file holds nothing to resume from (say the handle
+    // was mistyped); leave no litter behind.
+    struct stat st;
+    if (::stat(partial.c_str(), &st) == 0 && st.st_size == 0) {
+      ::unlink(partial.c_str());
+    }
+  }
+  return status;
+}
+
+}  // namespace materializer::client

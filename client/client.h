@@ -1,0 +1,152 @@
+#ifndef MATERIALIZER_CLIENT_CLIENT_H_
+#define MATERIALIZER_CLIENT_CLIENT_H_
+
+// A C++ client of the Materializer API (proto/materializer/v1): one method
+// per RPC with absl::Status errors, a checked streaming fetch, and
+// FetchToFile, which writes a handle's weights to a safetensors file
+// atomically and can resume an interrupted transfer.
+//
+//   ClientOptions options;
+//   options.target = "127.0.0.1:50051";
+//   options.client_name = "alice";
+//   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));
+//   ASSIGN_OR_RETURN(v1::MaterializeResponse made,
+//                    client->Materialize(request));
+//   RETURN_IF_ERROR(FetchToFile(*client, made.handle(), "gpt2.safetensors",
+//                               FetchFileOptions{}));
+//   RETURN_IF_ERROR(client->Release(made.handle()).status());
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/status.h"
+#include "materializer/v1/materializer.grpc.pb.h"
+#include "materializer/v1/materializer.pb.h"
+
+namespace materializer::client {
+
+// The call metadata key that carries the caller's identity while the server
+// runs in its insecure loopback development mode. Without it the server
+// treats the caller as "anonymous".
+inline constexpr char kClientMetadataKey[] = "x-materializer-client";
+
+struct ClientOptions {
+  // host:port, or any gRPC target ("unix:/path", "dns:///host:port").
+  std::string target = "127.0.0.1:50051";
+  // Sent as kClientMetadataKey when non-empty. Printable ASCII only, since
+  // it travels as an HTTP/2 header value.
+  std::string client_name;
+  // Deadline of each unary call, measured from its start.
+  absl::Duration timeout = absl::Minutes(10);
+  // Deadline of a whole FetchWeights stream. None by default: a fetch takes
+  // as long as its size needs, and a dead peer is detected by the transport.
+  absl::Duration fetch_timeout = absl::InfiniteDuration();
+  // Largest message sent or received. Must exceed the largest fetch chunk
+  // (4 MiB) and the largest Plan/Describe response the caller expects:
+  // a plan of a million tensors runs to hundreds of MiB.
+  int max_message_bytes = 256 << 20;  // the server's default too
+};
+
+// The one place that maps a gRPC status to an absl::Status: same code, same
+// message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// A connection to one materializer server.
+//
+// Thread-safe: every method may be called from several threads at once
+// (gRPC channels and stubs are thread-safe, and the client holds no other
+// mutable state). Calls are blocking.
+class Client {
+ public:
+  // Validates `options` (INVALID_ARGUMENT) and creates the channel. Does not
+  // wait for the server: a server that is down shows up as UNAVAILABLE from
+  // the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& request);
+  absl::StatusOr<v1::MaterializeResponse> Materialize(
+      const v1::MaterializeRequest& request);
+  absl::StatusOr<v1::HandleInfo> Describe(absl::string_view handle);
+  absl::StatusOr<v1::ReleaseResponse> Release(absl::string_view handle);
+  absl::StatusOr<v1::ListHandlesResponse> ListHandles();
+  absl::StatusOr<v1::GetStatsResponse> GetStats();
+
+  // The server's overall serving status from grpc.health.v1.Health/Check
+  // (service ""), by name: "SERVING", "NOT_SERVING", ...
+  absl::StatusOr<std::string> Health();
+
+  // Streams the file of `request.handle()` from `request.offset()` and calls
+  // `on_chunk` for each chunk, in order, on the calling thread. Returns the
+  // size of the whole file (WeightChunk.total_bytes); the bytes delivered
+  // are that minus request.offset().
+  //
+  // Every chunk is checked before `on_chunk` sees it: the first starts at
+  // request.offset(), each next one where the previous ended, total_bytes
+  // never changes and no chunk runs past it; and the stream must end
+  // exactly at total_bytes. A violation cancels the call and is DATA_LOSS.
+  // If `on_chunk` returns an error, the call is cancelled and that error is
+  // returned unchanged.
+  absl::StatusOr<uint64_t> Fetch(
+      const v1::FetchRequest& request,
+      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk);
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  // Applies the deadline and the identity metadata to a fresh context.
+  void PrepareContext(grpc::ClientContext* context,
+                      absl::Duration timeout) const;
+  void PrepareContext(grpc::ClientContext* context) const {
+    PrepareContext(context, options_.timeout);
+  }
+
+  const ClientOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Materializer::Stub> stub_;
+  const std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
+};
+
+struct FetchFileOptions {
+  // Continue from the bytes already in `path + ".partial"` instead of
+  // starting over (the file layout is deterministic, so the bytes on disk
+  // are a prefix of the file being fetched).
+  bool resume = false;
+  // FetchRequest.include_non_persistent.
+  bool include_non_persistent = false;
+  // FetchRequest.chunk_bytes: 0 lets the server choose (1 MiB).
+  uint32_t chunk_bytes = 0;
+  // Called on the fetching thread with the number of bytes of the file now
+  // on disk and the file's total size: once with the starting offset when
+  // the first chunk arrives (so a caller can tell resumed bytes from
+  // transferred ones), then after every chunk is written.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+// Fetches `handle` as a safetensors file into `path`. Writes to
+// `path + ".partial"` and, once every byte is there, checks its size against
+// total_bytes, fsyncs it and renames it to `path` (replacing any file
+// there), so `path` never holds a truncated file. On failure the .partial
+// file stays for a later `resume`; without `resume` an existing .partial
+// file is truncated first.
+absl::Status FetchToFile(Client& client, const std::string& handle,
+                         const std::string& path,
+                         const FetchFileOptions& options);
+
+}  // namespace materializer::client
+
+#endif  // MATERIALIZER_CLIENT_CLIENT_H_

@@ -1,0 +1,82 @@
+"""Counts test cases from Bazel's test.xml files and pytest's JUnit XML and
+prints the final "N passed, N failed" line of ./dev test.
+
+A test case counts as failed if its XML says so. A runner that failed
+without leaving a failing case behind (a crash before XML was written, a
+timeout, pytest failing to collect) counts as one more failure, so a broken
+run can never print "0 failed".
+"""
+
+import argparse
+import pathlib
+import sys
+import xml.etree.ElementTree as ElementTree
+
+
+def count_cases(path: pathlib.Path) -> tuple[int, int, list[str]]:
+    """Returns (passed, failed, names of failed cases) for one XML file."""
+    passed = failed = 0
+    failures = []
+    try:
+        root = ElementTree.parse(path).getroot()
+    except ElementTree.ParseError as error:
+        return 0, 1, [f"{path}: unreadable test XML ({error})"]
+    for case in root.iter("testcase"):
+        if case.get("status") == "notrun" or case.find("skipped") is not None:
+            continue
+        name = f"{case.get('classname', '')}.{case.get('name', '')}".strip(".")
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+            failures.append(name)
+        else:
+            passed += 1
+    return passed, failed, failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bazel-testlogs", type=pathlib.Path, required=True)
+    parser.add_argument("--bazel-exit", type=int, required=True)
+    parser.add_argument("--junit", type=pathlib.Path, required=True)
+    parser.add_argument("--pytest-exit", type=int, required=True)
+    args = parser.parse_args()
+
+    passed = failed = 0
+    failures = []
+
+    bazel_failed = 0
+    logs = args.bazel_testlogs.resolve()
+    for xml in sorted(logs.rglob("test.xml")) if logs.exists() else []:
+        p, f, names = count_cases(xml)
+        passed += p
+        bazel_failed += f
+        failures += [f"{xml.parent.relative_to(logs)}: {n}" for n in names]
+    # Exit 3 = some tests failed; anything else non-zero = build or infra
+    # failure. Either must show up as at least one failure.
+    if args.bazel_exit != 0 and bazel_failed == 0:
+        bazel_failed = 1
+        failures.append(f"bazel test exited with {args.bazel_exit} "
+                        "(build error, timeout or crash; see its output above)")
+    failed += bazel_failed
+
+    py_failed = 0
+    if args.junit.exists():
+        p, f, names = count_cases(args.junit)
+        passed += p
+        py_failed += f
+        failures += [f"tests/python: {n}" for n in names]
+    if args.pytest_exit != 0 and py_failed == 0:
+        py_failed = 1
+        failures.append(f"pytest exited with {args.pytest_exit}")
+    failed += py_failed
+
+    if failures:
+        print("\nFailed:")
+        for name in failures:
+            print(f"  {name}")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
