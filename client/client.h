@@ -51,7 +51,7 @@ struct ClientOptions {
   // as long as its size needs, and a dead peer is detected by the transport.
   absl::Duration fetch_timeout = absl::InfiniteDuration();
   // Largest message sent or received. Must exceed the largest fetch chunk
-  // (4 MiB) and the largest Plan/Describe response the caller expects:
+  // (4 MiB - 4 KiB) and the largest Plan/Describe response the caller expects:
   // a plan of a million tensors runs to hundreds of MiB.
   int max_message_bytes = 256 << 20;  // the server's default too
 };

@@ -12,7 +12,9 @@
 namespace materializer::delivery {
 
 inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
-inline constexpr uint32_t kMaxChunkBytes = 4 << 20;
+// 4 MiB minus 4 KiB: the largest chunk plus its message framing still fits
+// gRPC's default 4 MiB receive limit, so no client has to raise it.
+inline constexpr uint32_t kMaxChunkBytes = (4 << 20) - (4 << 10);
 
 // Produces the chunks of one fetch, in order, from `offset` to the end of the
 // file. Holds a reference to the arena, so the bytes stay valid (and

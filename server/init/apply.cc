@@ -1,5 +1,13 @@
 #include "server/init/apply.h"
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <numeric>
+#include <thread>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Generator.h>
@@ -62,6 +70,57 @@ bool IsFloat8(spec::DType dtype) {
          dtype == spec::DType::kFloat8E5M2;
 }
 
+// Our init threads already run tensors in parallel; a LibTorch kernel that
+// opens an OpenMP team of its own inside each would oversubscribe the
+// machine (threads x cores). OpenMP's thread count is a per-thread setting,
+// so each init thread sets its own to 1. LibTorch loads the OpenMP runtime;
+// it is looked up rather than linked, and a LibTorch without OpenMP needs
+// nothing.
+void UseOneOpenMpThreadHere() {
+  using SetNumThreads = void (*)(int);
+  static const SetNumThreads set_num_threads = reinterpret_cast<SetNumThreads>(
+      dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set_num_threads != nullptr) set_num_threads(1);
+}
+
+// Runs fill(i) for every tensor on up to `threads` threads, largest tensors
+// first (longest-processing-time order keeps the threads evenly loaded when
+// one tensor, such as an embedding, dominates). Rethrows the first
+// exception after every thread has stopped.
+template <typename Fill>
+void ForEachTensorInParallel(const std::vector<spec::TensorDesc>& tensors,
+                             int threads, Fill fill) {
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return tensors[a].nbytes > tensors[b].nbytes;
+  });
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::atomic_flag error_set = ATOMIC_FLAG_INIT;
+  auto work = [&] {
+    UseOneOpenMpThreadHere();
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t k = next.fetch_add(1);
+      if (k >= order.size()) return;
+      try {
+        fill(order[k]);
+      } catch (...) {
+        if (!error_set.test_and_set()) error = std::current_exception();
+        failed.store(true);
+      }
+    }
+  };
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(order.size())));
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
@@ -78,31 +137,27 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
   }
   std::vector<at::Tensor>& views = arena.tensors().views;
 
+  // One task per tensor: each has its own generator, so the result does not
+  // depend on which thread runs it or in which order.
   return GuardTorch("initializing tensors", [&] {
-    // One tensor per task: each has its own generator, so the result does
-    // not depend on which thread runs it or in which order. Kernels called
-    // inside a parallel region run single-threaded.
-    at::parallel_for(0, static_cast<int64_t>(tensors.size()), 1,
-                     [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const spec::TensorDesc& desc = tensors[i];
-        const v1::InitScheme& scheme = inits[i].scheme;
-        at::Tensor& view = views[i];
-        if (desc.numel == 0) continue;
-        std::optional<at::Generator> generator;
-        if (IsRandom(scheme)) {
-          generator = MakeGenerator(view.device(), DeriveSeed(seed, desc.name));
-        }
-        if (IsFloat8(desc.dtype)) {
-          // float8 kernels are sparse in LibTorch: fill in float32, then
-          // round to float8 (Python: torch.empty(shape).<init>.to(dtype)).
-          at::Tensor wide = at::empty(view.sizes(),
-                                      view.options().dtype(at::kFloat));
-          Fill(wide, scheme, generator);
-          view.copy_(wide);
-        } else {
-          Fill(view, scheme, generator);
-        }
+    ForEachTensorInParallel(tensors, at::get_num_threads(), [&](size_t i) {
+      const spec::TensorDesc& desc = tensors[i];
+      const v1::InitScheme& scheme = inits[i].scheme;
+      at::Tensor& view = views[i];
+      if (desc.numel == 0) return;
+      std::optional<at::Generator> generator;
+      if (IsRandom(scheme)) {
+        generator = MakeGenerator(view.device(), DeriveSeed(seed, desc.name));
+      }
+      if (IsFloat8(desc.dtype)) {
+        // float8 kernels are sparse in LibTorch: fill in float32, then
+        // round to float8 (Python: torch.empty(shape).<init>.to(dtype)).
+        at::Tensor wide =
+            at::empty(view.sizes(), view.options().dtype(at::kFloat));
+        Fill(wide, scheme, generator);
+        view.copy_(wide);
+      } else {
+        Fill(view, scheme, generator);
       }
     });
   });

@@ -8,7 +8,8 @@
 // Random schemes in RNG_MODE_TORCH use one generator per tensor, seeded
 // with DeriveSeed(seed, name), on the arena's device, so values equal
 // Python's `torch.nn.init.<scheme>_(t, ..., generator=g)` bit for bit.
-// Tensors are independent, so they are filled in parallel.
+// Tensors are independent, so they are filled in parallel, one tensor per
+// task, on up to at::get_num_threads() threads.
 
 #include <cstdint>
 #include <vector>

@@ -55,11 +55,9 @@ class Server:
         self.json_format = json_format
         self.pb = pb
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=[
-            # A 4 MiB chunk plus framing is more than gRPC's default 4 MiB.
-            ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.max_send_message_length", 64 << 20),
-        ])
+        # gRPC's default message limits on purpose: the largest fetch chunk
+        # must fit them.
+        self.channel = grpc.insecure_channel(address)
         grpc.channel_ready_future(self.channel).result(timeout=30)
         self.stub = pb_grpc.MaterializerStub(self.channel)
 

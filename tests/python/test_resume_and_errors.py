@@ -127,7 +127,7 @@ def test_small_chunk_sizes_are_honoured(server, tiny, chunk_bytes):
     (0, 1 << 20),            # default: 1 MiB
     (4096, 4096),
     (65536 + 3, 65536 + 3),
-    (4 << 20, 4 << 20),      # the maximum
+    (4190208, 4190208),      # the maximum: 4 MiB - 4 KiB
 ])
 def test_chunk_sizes_are_honoured(server, mlp, chunk_bytes, limit):
     handle, blob = mlp
@@ -142,7 +142,7 @@ def test_chunk_bytes_over_the_maximum_is_invalid(server, tiny):
     handle, _ = tiny
     with pytest.raises(grpc.RpcError) as e:
         server.fetch_chunks(handle, client=RESUME_CLIENT,
-                            chunk_bytes=(4 << 20) + 1)
+                            chunk_bytes=4190208 + 1)
     assert code_of(e) == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
 
 

@@ -241,3 +241,64 @@ def test_other_dtypes_match_torch(server, tmp_path, scheme):
                            2**64 - 3, t["name"])
         assert m.same_bits(loaded[t["name"]], want), t["name"]
     server.assert_idle()
+
+
+def test_plan_allocates_nothing_and_matches_materialize(server):
+    pb = server.pb
+    mreq = server.example("gpt2-small.json")
+    plan = server.stub.Plan(pb.PlanRequest(model=mreq.model,
+                                           placement=mreq.placement), timeout=60)
+    assert plan.tensor_bytes == 124_439_808 * 4
+    assert plan.num_elements == 124_439_808
+    assert plan.arena_bytes >= plan.tensor_bytes
+    assert plan.largest_tensor == "transformer.wte.weight"
+    assert plan.largest_tensor_bytes == 50257 * 768 * 4
+    assert [(d.dtype, d.nbytes, d.tensors) for d in plan.by_dtype] == [
+        ("float32", 124_439_808 * 4, 148)]
+    assert [t.name for t in plan.tensors] == [t.name for t in mreq.model.tensors]
+    assert plan.placement.startswith("cpu")
+    assert not plan.warnings
+    by_name = {t.name: t for t in plan.tensors}
+    assert "normal" in by_name["transformer.h.0.attn.c_attn.weight"].init
+    assert "ones" in by_name["transformer.h.0.ln_1.weight"].init
+    assert "zeros" in by_name["transformer.h.0.ln_1.bias"].init
+    server.assert_idle()
+    with server.handle(mreq) as resp:
+        assert resp.arena_bytes == plan.arena_bytes
+        assert resp.tensor_bytes == plan.tensor_bytes
+        info = server.describe(resp.handle)
+        assert [(t.name, t.arena_offset, t.nbytes) for t in info.tensors] == [
+            (t.name, t.arena_offset, t.nbytes) for t in plan.tensors]
+    server.assert_idle()
+
+
+def test_unused_rule_is_a_warning(server):
+    req = {"model": {"tensors": [{"name": "w", "shape": [2], "dtype": "float32"}],
+                     "initRules": [{"pattern": "nothing.*", "init": {"ones": {}}},
+                                   {"pattern": "*", "init": {"zeros": {}}}]}}
+    with server.handle(server.parse_request(json.dumps(req))) as resp:
+        assert any("nothing.*" in w for w in resp.warnings), resp.warnings
+    server.assert_idle()
+
+
+def test_async_materialize_gives_the_same_bytes(server):
+    import time
+    pb = server.pb
+    req = server.example("mlp.json")
+    with server.handle(req) as resp:
+        want = server.fetch(resp.handle)
+    setattr(req, "async", True)  # `async` is a Python keyword
+    resp = server.materialize(req)
+    try:
+        assert resp.state in (pb.HANDLE_STATE_MATERIALIZING, pb.HANDLE_STATE_READY)
+        deadline = time.monotonic() + 60
+        while server.describe(resp.handle).state == pb.HANDLE_STATE_MATERIALIZING:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        info = server.describe(resp.handle)
+        assert info.state == pb.HANDLE_STATE_READY, info.error
+        assert all(t.device.startswith("cpu") for t in info.tensors)
+        assert server.fetch(resp.handle) == want
+    finally:
+        server.release(resp.handle)
+    server.assert_idle()

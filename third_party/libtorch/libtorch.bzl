@@ -112,4 +112,6 @@ libtorch_repository = repository_rule(
     implementation = _libtorch_repository_impl,
     environ = ["LIBTORCH"],
     local = True,
+    # `bazel sync --configure` re-runs it (./dev does after a venv change).
+    configure = True,
 )
