@@ -36,6 +36,8 @@ def count_cases(path: pathlib.Path) -> tuple[int, int, list[str]]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bazel-testlogs", type=pathlib.Path, required=True)
+    parser.add_argument("--bazel-targets", type=pathlib.Path, required=True,
+                        help="file listing the test targets, one per line")
     parser.add_argument("--bazel-exit", type=int, required=True)
     parser.add_argument("--junit", type=pathlib.Path, required=True)
     parser.add_argument("--pytest-exit", type=int, required=True)
@@ -46,11 +48,18 @@ def main() -> int:
 
     bazel_failed = 0
     logs = args.bazel_testlogs.resolve()
-    for xml in sorted(logs.rglob("test.xml")) if logs.exists() else []:
+    for target in args.bazel_targets.read_text().split():
+        # //server/spec:validate_test -> <testlogs>/server/spec/validate_test
+        package, _, name = target.removeprefix("//").partition(":")
+        xml = logs / package / name / "test.xml"
+        if not xml.exists():
+            bazel_failed += 1
+            failures.append(f"{target}: no result (not built or not run)")
+            continue
         p, f, names = count_cases(xml)
         passed += p
         bazel_failed += f
-        failures += [f"{xml.parent.relative_to(logs)}: {n}" for n in names]
+        failures += [f"{target}: {n}" for n in names]
     # Exit 3 = some tests failed; anything else non-zero = build or infra
     # failure. Either must show up as at least one failure.
     if args.bazel_exit != 0 and bazel_failed == 0:

@@ -26,7 +26,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::WeightChunk> {
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      // The client went away or cancelled; stop producing.
+      // The client went away or cancelled; stop producing and let go of the
+      // arena at once.
+      stream_.reset();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
       return;
     }
@@ -37,16 +39,21 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::WeightChunk> {
 
  private:
   void WriteNext() {
-    if (stream_->done()) {
+    if (stream_ == nullptr) {  // the last chunk has been written
       Finish(grpc::Status::OK);
       return;
     }
     absl::Status status = stream_->Next(&chunk_);
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
+      stream_.reset();
       Finish(ToGrpcStatus(status));
       return;
     }
+    // The last chunk is a copy: let go of the arena now, not when gRPC gets
+    // round to OnDone, so a Release right after the client read everything
+    // frees the memory at once.
+    if (stream_->done()) stream_.reset();
     StartWrite(&chunk_);
   }
 
