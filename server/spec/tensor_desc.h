@@ -22,6 +22,10 @@ struct TensorDesc {
   std::string module_type;
   uint64_t numel = 0;
   uint64_t nbytes = 0;
+  // Tied weights: index (in the model's tensor list) of the root tensor
+  // whose storage this one shares, or -1. A tied tensor has no init of its
+  // own and no bytes of its own in the arena.
+  int tie_root = -1;
 };
 
 }  // namespace materializer::spec
