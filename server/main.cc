@@ -24,6 +24,14 @@ ABSL_FLAG(std::string, cpu_capacity, "75%",
           "host memory (75%)");
 ABSL_FLAG(std::string, cuda_reserve, "1GiB",
           "per CUDA device, memory kept out of the pool");
+ABSL_FLAG(std::string, quota_file, "",
+          "per-client quotas, JSON (see docs/operations.md); clients it does "
+          "not list get its \"default\" entry");
+ABSL_FLAG(std::string, default_quota_bytes, "",
+          "total bytes a client may hold when no quota file entry says "
+          "otherwise (e.g. 64GiB); empty = no limit");
+ABSL_FLAG(int, default_quota_handles, 0,
+          "handles a client may hold by default; 0 = no limit");
 ABSL_FLAG(std::string, max_message_size, "256MiB",
           "largest request/response message");
 ABSL_FLAG(int, workers, 0,
@@ -53,6 +61,9 @@ int main(int argc, char** argv) {
   options.pool.cpu_capacity = absl::GetFlag(FLAGS_cpu_capacity);
   options.pool.cuda_reserve = absl::GetFlag(FLAGS_cuda_reserve);
   options.workers = absl::GetFlag(FLAGS_workers);
+  options.quota_file = absl::GetFlag(FLAGS_quota_file);
+  options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
+  options.default_quota_handles = absl::GetFlag(FLAGS_default_quota_handles);
   options.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
   absl::StatusOr<uint64_t> max_message =
       materializer::ParseBytes(absl::GetFlag(FLAGS_max_message_size));

@@ -132,8 +132,12 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
     plan->set_arena_offset(layout.offsets[i]);
     plan->set_init(prepared.resolution.inits[i].description);
     auto& entry = by_dtype[spec::Name(t.dtype)];
-    entry.first += t.nbytes;
     entry.second += 1;
+    if (t.tie_root >= 0) {  // its bytes are its root's
+      plan->set_tied_to(tensors[t.tie_root].name);
+      continue;
+    }
+    entry.first += t.nbytes;
     if (largest == nullptr || t.nbytes > largest->nbytes) largest = &t;
   }
   for (const auto& [dtype, entry] : by_dtype) {
@@ -152,13 +156,15 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
   }
   for (size_t i = 0; i < pool_->devices().size(); ++i) {
     v1::DeviceFit* fit = response.add_devices();
-    const uint64_t free_bytes = pool_->FreeBytes(static_cast<int>(i));
+    const uint64_t free_bytes =
+        pool_->AvailableTo(caller.identity, static_cast<int>(i));
     fit->set_device(pool_->devices()[i].name);
     fit->set_available_bytes(free_bytes);
     fit->set_fits(free_bytes >= layout.arena_bytes);
   }
   absl::StatusOr<int> where =
-      pool_->Resolve(request.placement().device(), layout.arena_bytes);
+      pool_->Resolve(caller.identity, request.placement().device(),
+                     layout.arena_bytes);
   if (where.ok()) {
     response.set_placement(pool_->devices()[*where].name);
   } else if (where.status().code() != absl::StatusCode::kResourceExhausted) {
@@ -295,6 +301,7 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
     out->set_persistent(t.persistent);
     out->set_module_type(t.module_type);
     out->set_init(spec.init_descriptions[i]);
+    if (t.tie_root >= 0) out->set_tied_to(spec.tensors[t.tie_root].name);
   }
   return info;
 }
@@ -319,10 +326,27 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
 
   const registry::HandleSpec& spec = handle->spec();
   std::vector<delivery::FileTensor> entries;
+  std::vector<std::pair<std::string, std::string>> metadata = {
+      {"format", "pt"}};
   entries.reserve(spec.tensors.size());
+  // With write_ties_once, each group of tied tensors is written once, under
+  // its first included name (the root when it is included).
+  std::vector<int> carrier(spec.tensors.size(), -1);
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const spec::TensorDesc& t = spec.tensors[i];
     if (!t.persistent && !request.include_non_persistent()) continue;
+    const int root = t.tie_root >= 0 ? t.tie_root : static_cast<int>(i);
+    if (request.write_ties_once()) {
+      const bool root_included =
+          spec.tensors[root].persistent || request.include_non_persistent();
+      int& written = carrier[root];
+      if (written < 0) written = root_included ? root : static_cast<int>(i);
+      if (written != static_cast<int>(i)) {
+        metadata.emplace_back(absl::StrCat("tie:", t.name),
+                              spec.tensors[written].name);
+        continue;
+      }
+    }
     delivery::FileTensor entry;
     entry.name = t.name;
     entry.dtype = t.dtype;
@@ -332,7 +356,7 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
     entries.push_back(std::move(entry));
   }
   delivery::SafetensorsFile file =
-      delivery::SafetensorsFile::Build(std::move(entries), {{"format", "pt"}});
+      delivery::SafetensorsFile::Build(std::move(entries), metadata);
   return delivery::WeightStream::Open(std::move(arena), std::move(file),
                                       request.offset(), request.chunk_bytes());
 }

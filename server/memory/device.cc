@@ -137,6 +137,30 @@ absl::StatusOr<uint64_t> CpuCapacity(absl::string_view text) {
   return *bytes;
 }
 
+// Capacities of `count` virtual CPU devices: one value split equally, or one
+// value per device.
+absl::StatusOr<std::vector<uint64_t>> VirtualCpuCapacities(
+    absl::string_view text, int count) {
+  const std::vector<std::string> parts =
+      absl::StrSplit(text, ',', absl::SkipWhitespace());
+  std::vector<uint64_t> capacities;
+  if (parts.size() == 1) {
+    ASSIGN_OR_RETURN(uint64_t total, CpuCapacity(parts[0]));
+    capacities.assign(count, total / static_cast<uint64_t>(count));
+    return capacities;
+  }
+  if (static_cast<int>(parts.size()) != count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu capacity \"", text, "\" lists ", parts.size(),
+        " values for ", count, " virtual CPU devices"));
+  }
+  for (const std::string& part : parts) {
+    ASSIGN_OR_RETURN(uint64_t capacity, CpuCapacity(part));
+    capacities.push_back(capacity);
+  }
+  return capacities;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<DeviceConfig>> ConfigureDevices(
@@ -156,8 +180,28 @@ absl::StatusOr<std::vector<DeviceConfig>> ConfigureDevices(
   }
   std::vector<DeviceConfig> devices;
   for (const std::string& raw : names) {
-    ASSIGN_OR_RETURN(DeviceConfig device,
-                     ParseDeviceName(absl::StripAsciiWhitespace(raw)));
+    const absl::string_view name = absl::StripAsciiWhitespace(raw);
+    absl::string_view count_text = name;
+    if (absl::ConsumePrefix(&count_text, "cpu:")) {
+      int count = 0;
+      if (!absl::SimpleAtoi(count_text, &count) || count < 1 || count > 64) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "devices: \"", name,
+            "\": cpu:N asks for N virtual CPU devices, 1 <= N <= 64"));
+      }
+      ASSIGN_OR_RETURN(std::vector<uint64_t> capacities,
+                       VirtualCpuCapacities(options.cpu_capacity, count));
+      for (int i = 0; i < count; ++i) {
+        DeviceConfig device;
+        device.name = absl::StrCat("cpu:", i);
+        device.kind = DeviceKind::kCpu;
+        device.ordinal = i;
+        device.capacity_bytes = capacities[i];
+        devices.push_back(std::move(device));
+      }
+      continue;
+    }
+    ASSIGN_OR_RETURN(DeviceConfig device, ParseDeviceName(name));
     if (device.kind == DeviceKind::kCpu) {
       ASSIGN_OR_RETURN(device.capacity_bytes, CpuCapacity(options.cpu_capacity));
     } else {

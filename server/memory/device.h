@@ -14,10 +14,11 @@ enum class DeviceKind { kCpu, kCuda };
 
 // One device of the pool.
 struct DeviceConfig {
-  // "cpu" or "cuda:N"; the name clients use in Placement.device.
+  // "cpu", "cpu:N" (virtual CPU devices) or "cuda:N"; the name clients use
+  // in Placement.device.
   std::string name;
   DeviceKind kind = DeviceKind::kCpu;
-  // CUDA ordinal; 0 for the CPU.
+  // CUDA ordinal, or the index of a virtual CPU device; 0 for "cpu".
   int ordinal = 0;
   // Bytes the pool may hand out on this device.
   uint64_t capacity_bytes = 0;
@@ -38,9 +39,13 @@ uint64_t HostMemoryBytes();
 
 struct PoolOptions {
   // "auto": every CUDA device LibTorch sees, else the CPU. Or a comma list
-  // of device names: "cpu", "cuda:0,cuda:2", "cpu,cuda:0".
+  // of device names: "cpu", "cuda:0,cuda:2", "cpu,cuda:0". "cpu:N" stands
+  // for N virtual CPU devices, "cpu:0" ... "cpu:N-1", each with its own
+  // capacity (multi-device placement without GPUs).
   std::string devices = "auto";
   // CPU capacity: a byte count ("16GiB") or a share of host memory ("75%").
+  // With "cpu:N", one value is split equally among the N devices, or a
+  // comma list gives each its own ("1GiB,2GiB,3GiB,4GiB").
   std::string cpu_capacity = "75%";
   // Per CUDA device: capacity is total device memory minus this reserve
   // (room for the CUDA context and LibTorch's own workspace).

@@ -74,7 +74,7 @@ const DeviceConfig& Reservation::device() const {
 // --- DevicePool -------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
-    std::vector<DeviceConfig> devices) {
+    std::vector<DeviceConfig> devices, QuotaBook quotas) {
   if (devices.empty()) {
     return absl::InvalidArgumentError("the device pool needs a device");
   }
@@ -85,11 +85,14 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
           absl::StrCat("device \"", device.name, "\" is listed twice"));
     }
   }
-  return std::unique_ptr<DevicePool>(new DevicePool(std::move(devices)));
+  return std::unique_ptr<DevicePool>(
+      new DevicePool(std::move(devices), std::move(quotas)));
 }
 
-DevicePool::DevicePool(std::vector<DeviceConfig> devices)
-    : devices_(std::move(devices)), device_usage_(devices_.size()) {}
+DevicePool::DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas)
+    : devices_(std::move(devices)),
+      quotas_(std::move(quotas)),
+      device_usage_(devices_.size()) {}
 
 uint64_t DevicePool::FreeBytesLocked(int index) const {
   const Usage& usage = device_usage_[index];
@@ -103,34 +106,99 @@ uint64_t DevicePool::FreeBytes(int index) const {
   return FreeBytesLocked(index);
 }
 
-absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view placement,
+uint64_t DevicePool::AvailableLocked(absl::string_view client,
+                                     int index) const {
+  const Quota& quota = quotas_.For(client);
+  Usage on_device;
+  Usage total;
+  if (auto it = clients_.find(client); it != clients_.end()) {
+    on_device = it->second.per_device[index];
+    total = it->second.total;
+  }
+  auto left = [](uint64_t limit, const Usage& usage) {
+    const uint64_t used = usage.reserved_bytes + usage.in_use_bytes;
+    return used >= limit ? 0 : limit - used;
+  };
+  return std::min({FreeBytesLocked(index),
+                   left(quota.BytesOn(devices_[index].name), on_device),
+                   left(quota.total_bytes, total)});
+}
+
+uint64_t DevicePool::AvailableTo(absl::string_view client, int index) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return AvailableLocked(client, index);
+}
+
+std::string DevicePool::ShortfallLocked(absl::string_view client, int index,
+                                        uint64_t bytes) const {
+  const Quota& quota = quotas_.For(client);
+  const DeviceConfig& device = devices_[index];
+  Usage on_device;
+  Usage total;
+  if (auto it = clients_.find(client); it != clients_.end()) {
+    on_device = it->second.per_device[index];
+    total = it->second.total;
+  }
+  if (total.handles >= quota.handles) {
+    return absl::StrCat("client \"", client, "\" holds ", total.handles,
+                        " handles; its quota is ", quota.handles);
+  }
+  const uint64_t free_bytes = FreeBytesLocked(index);
+  if (free_bytes < bytes) {
+    return absl::StrCat("the model needs ", Figure(bytes), " but only ",
+                        Figure(free_bytes), " of ", device.name, "'s ",
+                        Figure(device.capacity_bytes), " is free");
+  }
+  const uint64_t device_quota = quota.BytesOn(device.name);
+  const uint64_t on_device_used =
+      on_device.reserved_bytes + on_device.in_use_bytes;
+  if (device_quota != kNoByteLimit && on_device_used + bytes > device_quota) {
+    return absl::StrCat("the model needs ", Figure(bytes), " but client \"",
+                        client, "\" already holds ", Figure(on_device_used),
+                        " of its ", Figure(device_quota), " quota on ",
+                        device.name);
+  }
+  const uint64_t total_used = total.reserved_bytes + total.in_use_bytes;
+  if (quota.total_bytes != kNoByteLimit &&
+      total_used + bytes > quota.total_bytes) {
+    return absl::StrCat("the model needs ", Figure(bytes), " but client \"",
+                        client, "\" already holds ", Figure(total_used),
+                        " of its ", Figure(quota.total_bytes), " total quota");
+  }
+  return "";
+}
+
+absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view client,
+                                              absl::string_view placement,
                                               uint64_t bytes) const {
+  const int n = static_cast<int>(devices_.size());
   if (placement.empty() || placement == "auto") {
     int best = -1;
-    for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
-      const uint64_t free_bytes = FreeBytesLocked(i);
-      if (free_bytes < bytes) continue;
-      if (best < 0 || free_bytes < FreeBytesLocked(best)) best = i;
+    uint64_t best_room = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!ShortfallLocked(client, i, bytes).empty()) continue;
+      const uint64_t room = AvailableLocked(client, i);
+      if (best < 0 || room < best_room) {
+        best = i;
+        best_room = room;
+      }
     }
     if (best >= 0) return best;
-    std::vector<std::string> frees;
-    for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
-      frees.push_back(
-          absl::StrCat(devices_[i].name, " ", Figure(FreeBytesLocked(i))));
+    std::vector<std::string> reasons;
+    for (int i = 0; i < n; ++i) {
+      reasons.push_back(absl::StrCat(devices_[i].name, ": ",
+                                     ShortfallLocked(client, i, bytes)));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
-        "placement \"auto\": the model needs ", Figure(bytes),
-        " and no device has that much free; free now: ",
-        absl::StrJoin(frees, ", ")));
+        "placement \"auto\": no device can take ", Figure(bytes), " for \"",
+        client, "\" now (", absl::StrJoin(reasons, "; "), ")"));
   }
-  for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
+  for (int i = 0; i < n; ++i) {
     if (devices_[i].name != placement) continue;
-    const uint64_t free_bytes = FreeBytesLocked(i);
-    if (free_bytes < bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "placement \"", placement, "\": the model needs ", Figure(bytes),
-          " but only ", Figure(free_bytes), " of the device's ",
-          Figure(devices_[i].capacity_bytes), " is free"));
+    if (std::string shortfall = ShortfallLocked(client, i, bytes);
+        !shortfall.empty()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("placement \"", placement, "\": ", shortfall));
     }
     return i;
   }
@@ -142,10 +210,11 @@ absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view placement,
       absl::StrJoin(names, ", ")));
 }
 
-absl::StatusOr<int> DevicePool::Resolve(absl::string_view placement,
+absl::StatusOr<int> DevicePool::Resolve(absl::string_view client,
+                                        absl::string_view placement,
                                         uint64_t bytes) const {
   absl::ReaderMutexLock lock(&mu_);
-  return ResolveLocked(placement, bytes);
+  return ResolveLocked(client, placement, bytes);
 }
 
 template <typename Change>
@@ -167,7 +236,7 @@ absl::StatusOr<Reservation> DevicePool::Reserve(absl::string_view client,
                                                 absl::string_view placement,
                                                 uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<int> device = ResolveLocked(placement, bytes);
+  absl::StatusOr<int> device = ResolveLocked(client, placement, bytes);
   if (!device.ok()) return device.status();
   Reservation reservation;
   reservation.pool_ = this;

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/memory/device.h"
+#include "server/memory/quota.h"
 
 namespace materializer::memory {
 
@@ -104,29 +105,37 @@ class DevicePool {
  public:
   // Devices in pool order; names must be unique.
   static absl::StatusOr<std::unique_ptr<DevicePool>> Create(
-      std::vector<DeviceConfig> devices);
+      std::vector<DeviceConfig> devices, QuotaBook quotas = QuotaBook());
 
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
   const std::vector<DeviceConfig>& devices() const { return devices_; }
 
-  // Admits `bytes` for `client` on the device `placement` names, atomically.
-  // Placement: "" or "auto" picks the best fit: the device with the least
-  // free bytes that still fits (ties: pool order), which keeps large holes
+  // Admits `bytes` (one handle) for `client` on the device `placement`
+  // names, atomically, within the device's free bytes and the client's
+  // quota. Placement: "" or "auto" picks the best fit: the device with the
+  // least room that still fits (ties: pool order), which keeps large holes
   // free for large models. INVALID_ARGUMENT for a device the pool does not
-  // have; RESOURCE_EXHAUSTED, with the figures, when it does not fit.
+  // have; RESOURCE_EXHAUSTED, with requested / free / quota figures, when it
+  // does not fit. Nothing changes on error.
   absl::StatusOr<Reservation> Reserve(absl::string_view client,
                                       absl::string_view placement,
                                       uint64_t bytes);
 
-  // Where `placement` would put `bytes` now, without reserving: the device
-  // index, or the same error Reserve would give.
-  absl::StatusOr<int> Resolve(absl::string_view placement,
+  // Where `placement` would put `bytes` for `client` now, without
+  // reserving: the device index, or the error Reserve would give.
+  absl::StatusOr<int> Resolve(absl::string_view client,
+                              absl::string_view placement,
                               uint64_t bytes) const;
 
-  // Bytes device `index` could still admit.
+  // Bytes device `index` could still admit (any client).
   uint64_t FreeBytes(int index) const;
+  // Bytes device `index` could still admit for `client`: its free bytes
+  // within what the client's quota leaves.
+  uint64_t AvailableTo(absl::string_view client, int index) const;
+
+  const QuotaBook& quotas() const { return quotas_; }
 
   PoolSnapshot Snapshot() const;
 
@@ -134,12 +143,19 @@ class DevicePool {
   friend class Reservation;
   friend class Allocation;
 
-  explicit DevicePool(std::vector<DeviceConfig> devices);
+  DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas);
 
-  absl::StatusOr<int> ResolveLocked(absl::string_view placement,
+  absl::StatusOr<int> ResolveLocked(absl::string_view client,
+                                    absl::string_view placement,
                                     uint64_t bytes) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t FreeBytesLocked(int index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t AvailableLocked(absl::string_view client, int index) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why `client` cannot put `bytes` on device `index`, or "" if it can.
+  std::string ShortfallLocked(absl::string_view client, int index,
+                              uint64_t bytes) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   void Unreserve(const std::string& client, int device, uint64_t bytes);
   void CommitReservation(const std::string& client, int device,
@@ -158,6 +174,7 @@ class DevicePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::vector<DeviceConfig> devices_;
+  const QuotaBook quotas_;
 
   mutable absl::Mutex mu_;
   // Guards every counter below.

@@ -92,7 +92,7 @@ TEST(DevicePoolTest, UnknownDeviceListsTheRealOnes) {
 TEST(DevicePoolTest, AutoPicksTheTightestFitThenPoolOrder) {
   auto pool = MakePool({1000, 500, 500});
   // 400 fits everywhere; cuda:0 and cuda:1 tie with the least free bytes.
-  EXPECT_EQ(pool->Resolve("auto", 400).value(), 1);
+  EXPECT_EQ(pool->Resolve("alice", "auto", 400).value(), 1);
   ASSERT_OK_AND_ASSIGN(Reservation a, pool->Reserve("alice", "auto", 400));
   EXPECT_EQ(a.device_index(), 1);
   // Now cuda:0 has 100 free: 200 goes to the next tightest, cuda:1.
@@ -104,7 +104,7 @@ TEST(DevicePoolTest, AutoPicksTheTightestFitThenPoolOrder) {
   // Nothing has 400 left anywhere.
   EXPECT_THAT(pool->Reserve("alice", "auto", 400).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("no device has that much free")));
+                       HasSubstr("no device can take")));
 }
 
 TEST(DevicePoolTest, ZeroByteReservationsCountAsHandles) {
@@ -137,6 +137,55 @@ TEST(DevicePoolTest, ConcurrentClientsNeverOvercommitAndEndAtZero) {
   EXPECT_GT(admitted.load(), 0);
   ExpectAllZero(*pool);
   EXPECT_LE(pool->Snapshot().devices[0].usage.peak_bytes, 10000u);
+}
+
+std::unique_ptr<DevicePool> PoolWithQuotas(const char* json) {
+  std::vector<DeviceConfig> devices;
+  for (int i = 0; i < 2; ++i) {
+    DeviceConfig device;
+    device.name = "cpu:" + std::to_string(i);
+    device.ordinal = i;
+    device.capacity_bytes = 1000;
+    devices.push_back(device);
+  }
+  return DevicePool::Create(devices, QuotaBook::FromJson(json).value())
+      .value();
+}
+
+TEST(DevicePoolQuotaTest, TotalQuotaIsEnforcedWithFiguresAndNoChange) {
+  auto pool = PoolWithQuotas(R"({"clients": {"alice": {"totalBytes": 500}}})");
+  ASSERT_OK_AND_ASSIGN(Reservation a, pool->Reserve("alice", "cpu:0", 300));
+  EXPECT_THAT(pool->Reserve("alice", "cpu:1", 300).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("needs 300 B (300 bytes)"),
+                             HasSubstr("already holds 300 B (300 bytes)"),
+                             HasSubstr("500 B (500 bytes) total quota"))));
+  EXPECT_EQ(pool->Snapshot().clients.at("alice").reserved_bytes, 300u);
+  EXPECT_EQ(pool->AvailableTo("alice", 1), 200u);
+  // Bob has no quota: the devices' free bytes are the limit.
+  EXPECT_EQ(pool->AvailableTo("bob", 1), 1000u);
+  ASSERT_OK_AND_ASSIGN(Reservation b, pool->Reserve("bob", "cpu:1", 900));
+}
+
+TEST(DevicePoolQuotaTest, PerDeviceAndHandleQuotas) {
+  auto pool = PoolWithQuotas(R"({
+    "default": {"handles": 2, "deviceBytes": "600"},
+    "clients": {"carol": {"devices": {"cpu:1": 100}}}})");
+  ASSERT_OK_AND_ASSIGN(Reservation a, pool->Reserve("dave", "cpu:0", 600));
+  EXPECT_THAT(pool->Reserve("dave", "cpu:0", 1).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("600 B (600 bytes) quota on cpu:0")));
+  ASSERT_OK_AND_ASSIGN(Reservation b, pool->Reserve("dave", "cpu:1", 10));
+  EXPECT_THAT(pool->Reserve("dave", "cpu:1", 10).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("holds 2 handles; its quota is 2")));
+  // carol: the default's handle limit, her own cap on cpu:1; auto goes to
+  // the device her quota admits.
+  ASSERT_OK_AND_ASSIGN(Reservation c, pool->Reserve("carol", "auto", 200));
+  EXPECT_EQ(c.device_index(), 0);
+  EXPECT_THAT(pool->Reserve("carol", "cpu:1", 200).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("100 B (100 bytes) quota on cpu:1")));
 }
 
 TEST(DevicePoolTest, DuplicateDeviceNamesAreRejected) {

@@ -1,6 +1,8 @@
 #include "server/service/server.h"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +26,40 @@ namespace materializer::service {
 
 constexpr char kServiceName[] = "materializer.v1.Materializer";
 
+namespace {
+
+absl::StatusOr<memory::QuotaBook> LoadQuotas(const ServerOptions& options) {
+  memory::Quota base;
+  if (!options.default_quota_bytes.empty()) {
+    absl::StatusOr<uint64_t> bytes = ParseBytes(options.default_quota_bytes);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("default quota bytes: ", bytes.status().message()));
+    }
+    base.total_bytes = *bytes;
+  }
+  if (options.default_quota_handles > 0) {
+    base.handles = static_cast<uint32_t>(options.default_quota_handles);
+  }
+  if (options.quota_file.empty()) return memory::QuotaBook(std::move(base));
+  std::ifstream file(options.quota_file);
+  if (!file) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the quota file ", options.quota_file));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  absl::StatusOr<memory::QuotaBook> book =
+      memory::QuotaBook::FromJson(text.str(), std::move(base));
+  if (!book.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.quota_file, ": ", book.status().message()));
+  }
+  return book;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {
   if (!IsLoopbackAddress(options.listen) && !options.allow_insecure_remote) {
@@ -35,9 +71,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   ASSIGN_OR_RETURN(std::vector<memory::DeviceConfig> devices,
                    memory::ConfigureDevices(options.pool));
+  ASSIGN_OR_RETURN(memory::QuotaBook quotas, LoadQuotas(options));
 
   std::unique_ptr<Server> server(new Server());
-  ASSIGN_OR_RETURN(server->pool_, memory::DevicePool::Create(devices));
+  ASSIGN_OR_RETURN(server->pool_,
+                   memory::DevicePool::Create(devices, std::move(quotas)));
   server->registry_ = std::make_unique<registry::HandleRegistry>();
   const int workers =
       options.workers > 0

@@ -39,6 +39,12 @@ struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::address()).
   std::string listen = "127.0.0.1:50051";
   memory::PoolOptions pool;
+  // Per-client quotas: a JSON file (format in server/memory/quota.h), and
+  // the default for clients it does not list (or for everyone, without a
+  // file). Empty means no limit.
+  std::string quota_file;
+  std::string default_quota_bytes;
+  int default_quota_handles = 0;
   // Largest request or response message.
   int max_message_bytes = 256 << 20;
   // Threads for Plan/Materialize/Release and async materializations;

@@ -21,12 +21,14 @@ namespace materializer::spec {
 inline constexpr uint64_t kArenaAlignment = 256;
 
 struct Layout {
-  // Byte offset of each tensor, in request order.
+  // Byte offset of each tensor, in request order. A tied tensor has its
+  // root's offset.
   std::vector<uint64_t> offsets;
   // Tensor bytes plus padding; what a materialization reserves. The last
   // tensor is padded too, so arenas are multiples of kArenaAlignment.
   uint64_t arena_bytes = 0;
-  // Sum of the tensors' nbytes.
+  // Sum of the tensors' nbytes, and their elements; tied tensors count
+  // once (as their root).
   uint64_t tensor_bytes = 0;
   uint64_t num_elements = 0;
 };

@@ -40,6 +40,20 @@ TEST(ComputeLayoutTest, AlignsEveryTensorAndPadsTheEnd) {
   }
 }
 
+TEST(ComputeLayoutTest, TiedTensorsShareTheRootsBytes) {
+  std::vector<TensorDesc> tensors = {
+      Desc("lm_head.weight", {10, 4}, DType::kFloat32),  // tied, listed first
+      Desc("wte.weight", {10, 4}, DType::kFloat32),
+      Desc("b", {3}, DType::kFloat32),
+  };
+  tensors[0].tie_root = 1;
+  ASSERT_OK_AND_ASSIGN(Layout layout, ComputeLayout(tensors));
+  EXPECT_THAT(layout.offsets, ElementsAre(0, 0, 256));
+  EXPECT_EQ(layout.tensor_bytes, 160u + 12u);  // counted once
+  EXPECT_EQ(layout.num_elements, 40u + 3u);
+  EXPECT_EQ(layout.arena_bytes, 512u);
+}
+
 TEST(ComputeLayoutTest, EmptyModelHasEmptyArena) {
   ASSERT_OK_AND_ASSIGN(Layout layout, ComputeLayout({}));
   EXPECT_EQ(layout.arena_bytes, 0u);

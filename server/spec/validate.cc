@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/status_macros.h"
 
 namespace materializer::spec {
 namespace {
@@ -25,6 +26,54 @@ bool MulWithin(uint64_t a, uint64_t b, uint64_t limit, uint64_t* out) {
   if (a != 0 && b > limit / a) return false;
   *out = a * b;
   return true;
+}
+
+// Sets tie_root for every tensor with tie_to: the end of its chain, which
+// must exist, have the same shape and dtype, and not lead back to itself.
+absl::Status ResolveTies(
+    const v1::ModelSpec& model,
+    const absl::flat_hash_map<absl::string_view, int>& index_of,
+    std::vector<TensorDesc>& tensors) {
+  for (int i = 0; i < model.tensors_size(); ++i) {
+    const v1::TensorSpec& t = model.tensors(i);
+    if (t.tie_to().empty()) continue;
+    if (t.has_init()) {
+      return Invalid(i, t.name(),
+                     absl::StrCat("has both tie_to and init; a tied tensor "
+                                  "takes its values from \"",
+                                  t.tie_to(), "\", so remove its init"));
+    }
+    // Follow the chain; more steps than tensors means a cycle.
+    int current = i;
+    for (int steps = 0;; ++steps) {
+      const std::string& next_name = model.tensors(current).tie_to();
+      if (next_name.empty()) break;
+      auto it = index_of.find(next_name);
+      if (it == index_of.end()) {
+        return Invalid(
+            current, model.tensors(current).name(),
+            absl::StrCat("tie_to \"", next_name, "\" names no tensor of the model"));
+      }
+      if (it->second == i || steps > model.tensors_size()) {
+        return Invalid(i, t.name(),
+                       absl::StrCat("tie_to forms a cycle through \"",
+                                    next_name, "\""));
+      }
+      current = it->second;
+    }
+    const TensorDesc& root = tensors[current];
+    TensorDesc& tied = tensors[i];
+    if (root.shape != tied.shape || root.dtype != tied.dtype) {
+      return Invalid(
+          i, t.name(),
+          absl::StrCat("tie_to \"", root.name, "\": shape [",
+                       absl::StrJoin(tied.shape, ", "), "] ", Name(tied.dtype),
+                       " differs from the root's [",
+                       absl::StrJoin(root.shape, ", "), "] ", Name(root.dtype)));
+    }
+    tied.tie_root = current;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -135,6 +184,7 @@ absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
     desc.nbytes = nbytes;
     out.push_back(std::move(desc));
   }
+  RETURN_IF_ERROR(ResolveTies(model, seen, out));
   return out;
 }
 

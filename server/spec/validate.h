@@ -26,8 +26,10 @@ inline constexpr int kMaxTensors = 1000000;
 inline constexpr uint64_t kMaxTensorBytes = (uint64_t{1} << 63) - 1;
 
 // Checks names (non-empty, printable, unique, well-formed components),
-// shapes (rank, non-negative sizes, no 63-bit overflow of numel or bytes)
-// and dtypes. Returns the tensors in request order.
+// shapes (rank, non-negative sizes, no 63-bit overflow of numel or bytes),
+// dtypes and ties (tie_to must name a tensor of the same shape and dtype,
+// without cycles; chains resolve to their root in tie_root). Returns the
+// tensors in request order.
 absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
     const v1::ModelSpec& model);
 

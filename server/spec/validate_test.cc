@@ -173,3 +173,84 @@ TEST(ValidateTensorsTest, EmptyModelIsValid) {
 
 }  // namespace
 }  // namespace materializer::spec
+
+namespace materializer::spec {
+namespace {
+
+using ::materializer::testing::IsOk;
+using ::materializer::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+absl::StatusOr<std::vector<TensorDesc>> ValidateTies(const std::string& text) {
+  v1::ModelSpec model;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &model));
+  return ValidateTensors(model);
+}
+
+TEST(ValidateTiesTest, ChainsResolveToTheirRoot) {
+  auto tensors = ValidateTies(R"pb(
+    tensors { name: "lm_head.weight" shape: [ 8, 4 ] dtype: "float32" tie_to: "mid" }
+    tensors { name: "mid" shape: [ 8, 4 ] dtype: "float32" tie_to: "wte.weight" }
+    tensors { name: "wte.weight" shape: [ 8, 4 ] dtype: "float32" }
+  )pb");
+  ASSERT_THAT(tensors, IsOk());
+  EXPECT_EQ((*tensors)[0].tie_root, 2);
+  EXPECT_EQ((*tensors)[1].tie_root, 2);
+  EXPECT_EQ((*tensors)[2].tie_root, -1);
+}
+
+TEST(ValidateTiesTest, BadTiesNameTheTensorAndTheReason) {
+  EXPECT_THAT(ValidateTies(R"pb(
+                tensors { name: "a" shape: [ 2 ] dtype: "float32" tie_to: "nope" }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.tensors[0] (\"a\")"),
+                             HasSubstr("tie_to \"nope\" names no tensor"))));
+  EXPECT_THAT(ValidateTies(R"pb(
+                tensors { name: "a" shape: [ 2 ] dtype: "float32" }
+                tensors { name: "b" shape: [ 3 ] dtype: "float32" tie_to: "a" }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"b\""), HasSubstr("[3] float32"),
+                             HasSubstr("differs from the root's [2] float32"))));
+  EXPECT_THAT(ValidateTies(R"pb(
+                tensors { name: "a" shape: [ 2 ] dtype: "float32" }
+                tensors { name: "b" shape: [ 2 ] dtype: "bfloat16" tie_to: "a" }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("bfloat16 differs from the root's [2] float32")));
+  EXPECT_THAT(ValidateTies(R"pb(
+                tensors { name: "a" shape: [ 2 ] dtype: "float32" tie_to: "b" }
+                tensors { name: "b" shape: [ 2 ] dtype: "float32" tie_to: "c" }
+                tensors { name: "c" shape: [ 2 ] dtype: "float32" tie_to: "a" }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"a\""), HasSubstr("cycle"))));
+  EXPECT_THAT(ValidateTies(R"pb(
+                tensors { name: "a" shape: [ 2 ] dtype: "float32" tie_to: "a" }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cycle")));
+  EXPECT_THAT(ValidateTies(R"pb(
+                tensors { name: "a" shape: [ 2 ] dtype: "float32" }
+                tensors {
+                  name: "b"
+                  shape: [ 2 ]
+                  dtype: "float32"
+                  tie_to: "a"
+                  init { zeros {} }
+                }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("\"b\""),
+                             HasSubstr("has both tie_to and init"))));
+}
+
+}  // namespace
+}  // namespace materializer::spec
