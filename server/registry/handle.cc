@@ -5,7 +5,23 @@
 namespace materializer::registry {
 
 Handle::Handle(std::string id, absl::Time created, HandleSpec spec)
-    : id_(std::move(id)), created_(created), spec_(std::move(spec)) {}
+    : id_(std::move(id)), created_(created), spec_(std::move(spec)) {
+  absl::MutexLock lock(&mu_);
+  lease_expiry_ = spec_.ttl == absl::InfiniteDuration()
+                      ? absl::InfiniteFuture()
+                      : created_ + spec_.ttl;
+}
+
+absl::Time Handle::Renew(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (spec_.ttl != absl::InfiniteDuration()) lease_expiry_ = now + spec_.ttl;
+  return lease_expiry_;
+}
+
+absl::Time Handle::lease_expiry() const {
+  absl::MutexLock lock(&mu_);
+  return lease_expiry_;
+}
 
 v1::HandleState Handle::state() const {
   absl::MutexLock lock(&mu_);

@@ -28,6 +28,12 @@ struct HandleSpec {
   spec::Layout layout;
   uint64_t seed = 0;
   v1::RngMode rng = v1::RNG_MODE_UNSPECIFIED;
+  // The session the handle is bound to ("" = none): it is released when the
+  // session ends.
+  std::string session;
+  // Lease of a handle outside a session: released when unused for this long
+  // (every lookup by its owner renews it). InfiniteDuration = no lease.
+  absl::Duration ttl = absl::InfiniteDuration();
 };
 
 // A registered materialization. Its tensors are meta (shape and dtype only)
@@ -63,18 +69,24 @@ class Handle {
   // held none or was already released).
   uint64_t Release();
 
+  // Lease: Renew moves the expiry to now + ttl; a handle without a TTL
+  // never expires.
+  absl::Time Renew(absl::Time now);
+  absl::Time lease_expiry() const;
+
  private:
   const std::string id_;
   const absl::Time created_;
   const HandleSpec spec_;
 
   mutable absl::Mutex mu_;
-  // Guards state_, error_, arena_, released_.
+  // Guards state_, error_, arena_, released_, lease_expiry_.
   v1::HandleState state_ ABSL_GUARDED_BY(mu_) =
       v1::HANDLE_STATE_MATERIALIZING;
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const memory::Arena> arena_ ABSL_GUARDED_BY(mu_);
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time lease_expiry_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace materializer::registry

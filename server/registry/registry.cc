@@ -55,6 +55,7 @@ absl::StatusOr<std::shared_ptr<Handle>> HandleRegistry::Get(
   if (it == handles_.end() || it->second->spec().owner != owner) {
     return NotFound(id);
   }
+  it->second->Renew(absl::Now());
   return it->second;
 }
 
@@ -82,6 +83,43 @@ absl::StatusOr<ReleaseResult> HandleRegistry::Release(absl::string_view owner,
   }
   // Outside the lock: dropping the arena may unmap gigabytes.
   return ReleaseResult{/*released=*/true, handle->Release()};
+}
+
+uint64_t HandleRegistry::ReleaseSession(absl::string_view session) {
+  std::vector<std::shared_ptr<Handle>> bound;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, handle] : handles_) {
+      if (!handle->spec().session.empty() &&
+          handle->spec().session == session) {
+        bound.push_back(handle);
+      }
+    }
+  }
+  uint64_t freed = 0;
+  for (const std::shared_ptr<Handle>& handle : bound) {
+    absl::StatusOr<ReleaseResult> result =
+        Release(handle->spec().owner, handle->id());
+    if (result.ok()) freed += result->freed_bytes;
+  }
+  return freed;
+}
+
+std::vector<std::string> HandleRegistry::ReleaseExpired(absl::Time now) {
+  std::vector<std::shared_ptr<Handle>> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, handle] : handles_) {
+      if (handle->lease_expiry() <= now) expired.push_back(handle);
+    }
+  }
+  std::vector<std::string> ids;
+  for (const std::shared_ptr<Handle>& handle : expired) {
+    if (Release(handle->spec().owner, handle->id()).ok()) {
+      ids.push_back(handle->id());
+    }
+  }
+  return ids;
 }
 
 void HandleRegistry::Forget(absl::string_view id) {

@@ -46,7 +46,8 @@ class HandleRegistry {
   // Registers a new handle (state MATERIALIZING) under a fresh id.
   std::shared_ptr<Handle> Create(HandleSpec spec);
 
-  // The handle if `owner` owns it, else NOT_FOUND.
+  // The handle if `owner` owns it, else NOT_FOUND. Renews its lease (use
+  // by the owner keeps a handle alive).
   absl::StatusOr<std::shared_ptr<Handle>> Get(absl::string_view owner,
                                               absl::string_view id) const;
 
@@ -57,6 +58,14 @@ class HandleRegistry {
 
   // Unregisters without reporting (rollback of a failed materialization).
   void Forget(absl::string_view id);
+
+  // Releases every handle bound to `session` (the session ended). Returns
+  // the bytes freed.
+  uint64_t ReleaseSession(absl::string_view session);
+
+  // Releases every handle whose lease expired at or before `now`. Returns
+  // their ids.
+  std::vector<std::string> ReleaseExpired(absl::Time now);
 
   // `owner`'s handles, oldest first.
   std::vector<std::shared_ptr<Handle>> List(absl::string_view owner) const;

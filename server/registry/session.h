@@ -1,0 +1,103 @@
+#ifndef MATERIALIZER_SERVER_REGISTRY_SESSION_H_
+#define MATERIALIZER_SERVER_REGISTRY_SESSION_H_
+
+// Sessions: a client's lease on its handles. A session lives while its
+// Attach stream is open. When the stream ends, however it ends, the session
+// waits `grace` for the client to come back with its resume token; after
+// that every handle bound to it is released.
+//
+//   SessionTable sessions(&registry, absl::Seconds(5));
+//   SessionTable::Attached a = sessions.Open("alice", absl::Now());
+//   // ... Materialize with session a.session_id binds handles to it:
+//   RETURN_IF_ERROR(sessions.WithLiveSession("alice", a.session_id, [&] {
+//     handle = registry.Create(spec_with_session);
+//   }));
+//   sessions.Detach(a.session_id, absl::Now());   // the stream ended
+//   sessions.Reap(absl::Now() + absl::Seconds(6)); // handles released
+
+#include <functional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/registry/registry.h"
+
+namespace materializer::registry {
+
+// Thread-safe. The registry must outlive the table.
+class SessionTable {
+ public:
+  struct Attached {
+    std::string session_id;
+    // Presented by a new Attach stream to take the session over within the
+    // grace period.
+    std::string resume_token;
+  };
+
+  SessionTable(HandleRegistry* registry, absl::Duration grace);
+
+  SessionTable(const SessionTable&) = delete;
+  SessionTable& operator=(const SessionTable&) = delete;
+
+  absl::Duration grace() const { return grace_; }
+
+  // A new attached session owned by `owner`.
+  Attached Open(absl::string_view owner, absl::Time now);
+
+  // Re-attaches a detached session of `owner` by its resume token.
+  // NOT_FOUND if the token is unknown, expired, or another client's;
+  // ALREADY_EXISTS if the session is attached to another stream now.
+  absl::StatusOr<Attached> Resume(absl::string_view owner,
+                                  absl::string_view resume_token,
+                                  absl::Time now);
+
+  // The session's stream ended. With a zero grace period its handles are
+  // released before this returns; otherwise at the first Reap after
+  // now + grace unless it is resumed first.
+  void Detach(absl::string_view session_id, absl::Time now);
+
+  // Runs `bind` (which registers a handle bound to the session) only if
+  // `session_id` is a live session of `owner`, and keeps the session from
+  // ending while `bind` runs, so no handle can be bound to a session that
+  // has already been reaped. NOT_FOUND for an unknown, ended or foreign
+  // session.
+  absl::Status WithLiveSession(absl::string_view owner,
+                               absl::string_view session_id,
+                               const std::function<void()>& bind);
+
+  // Ends sessions detached for longer than the grace period, releasing
+  // their handles. Returns how many sessions ended.
+  int Reap(absl::Time now);
+
+  // Live (attached or in grace) sessions.
+  size_t size() const;
+
+ private:
+  struct Session {
+    std::string owner;
+    std::string resume_token;
+    bool attached = true;
+    absl::Time detached_at;
+  };
+
+  // Removes the session (mu_ held) and returns its id for release.
+  void EndLocked(const std::string& session_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  HandleRegistry* const registry_;
+  const absl::Duration grace_;
+
+  mutable absl::Mutex mu_;
+  // Guards sessions_ and by_token_. Held while binding a handle (see
+  // WithLiveSession); lock order: mu_, then the registry's.
+  absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> by_token_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace materializer::registry
+
+#endif  // MATERIALIZER_SERVER_REGISTRY_SESSION_H_
