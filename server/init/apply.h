@@ -8,8 +8,13 @@
 // Random schemes in RNG_MODE_TORCH use one generator per tensor, seeded
 // with DeriveSeed(seed, name), on the arena's device, so values equal
 // Python's `torch.nn.init.<scheme>_(t, ..., generator=g)` bit for bit.
-// Tensors are independent, so they are filled in parallel, one tensor per
-// task, on up to at::get_num_threads() threads.
+// module_default tensors use one generator per module, seeded with
+// DeriveSeed(seed, module name), drawn in reset_parameters() order. Tied
+// tensors are skipped (their root is written). Tasks (a tensor, or a
+// module) are independent, so they run in parallel, largest first, on up to
+// at::get_num_threads() threads; LibTorch kernels inside a task run on one
+// thread (OpenMP and MKL), which keeps LAPACK-based schemes (orthogonal)
+// reproducible.
 
 #include <cstdint>
 #include <vector>

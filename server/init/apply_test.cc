@@ -1,13 +1,15 @@
 #include "server/init/apply.h"
 
+#include <dlfcn.h>
+
 #include <cmath>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include "absl/strings/str_cat.h"
-
 #include "google/protobuf/text_format.h"
+#include "server/init/init_math.h"
 #include "server/init/seed.h"
 #include "server/memory/arena_views.h"
 #include "server/spec/layout.h"
@@ -55,10 +57,9 @@ class Materialized {
 };
 
 TEST(ApplyInitsTest, DeterministicSchemesGiveExactValuesForEveryDtype) {
-  const char* dtypes[] = {"float32", "float64",  "float16", "bfloat16",
-                          "int8",    "int16",    "int32",   "int64",
-                          "uint8",   "bool",     "float8_e4m3fn",
-                          "float8_e5m2"};
+  const char* dtypes[] = {"float32", "float64", "float16",       "bfloat16",
+                          "int8",    "int16",   "int32",         "int64",
+                          "uint8",   "bool",    "float8_e4m3fn", "float8_e5m2"};
   std::string text;
   for (const char* dtype : dtypes) {
     for (const char* scheme : {"zeros", "ones", "constant"}) {
@@ -100,9 +101,21 @@ TEST(ApplyInitsTest, DeterministicSchemesGiveExactValuesForEveryDtype) {
 
 TEST(ApplyInitsTest, UniformAndNormalHaveTheRequestedDistribution) {
   Materialized m(R"pb(
-    tensors { name: "u" shape: [ 1000, 1000 ] dtype: "float32" }
-    tensors { name: "n" shape: [ 1000, 1000 ] dtype: "float32" }
-    tensors { name: "n16" shape: [ 1000, 1000 ] dtype: "bfloat16" }
+    tensors {
+      name: "u"
+      shape: [ 1000, 1000 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "n"
+      shape: [ 1000, 1000 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "n16"
+      shape: [ 1000, 1000 ]
+      dtype: "bfloat16"
+    }
     init_rules {
       pattern: "u"
       init { uniform { a: -2 b: 3 } }
@@ -129,9 +142,21 @@ TEST(ApplyInitsTest, UniformAndNormalHaveTheRequestedDistribution) {
 
 TEST(ApplyInitsTest, EqualsTorchWithAGeneratorSeededFromTheName) {
   Materialized m(R"pb(
-    tensors { name: "h.0.w" shape: [ 129, 65 ] dtype: "float32" }
-    tensors { name: "h.0.b" shape: [ 17 ] dtype: "bfloat16" }
-    tensors { name: "h.0.u" shape: [ 3, 4, 5 ] dtype: "float64" }
+    tensors {
+      name: "h.0.w"
+      shape: [ 129, 65 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "h.0.b"
+      shape: [ 17 ]
+      dtype: "bfloat16"
+    }
+    tensors {
+      name: "h.0.u"
+      shape: [ 3, 4, 5 ]
+      dtype: "float64"
+    }
     init_rules {
       pattern: "*.w"
       init { normal { std: 0.02 } }
@@ -152,9 +177,12 @@ TEST(ApplyInitsTest, EqualsTorchWithAGeneratorSeededFromTheName) {
     g.set_current_seed(DeriveSeed(99, name));
     return g;
   };
-  at::Tensor w = at::empty({129, 65}, at::kFloat).normal_(0, 0.02, generator("h.0.w"));
-  at::Tensor b = at::empty({17}, at::kBFloat16).normal_(1, 3, generator("h.0.b"));
-  at::Tensor u = at::empty({3, 4, 5}, at::kDouble).uniform_(-0.5, 0.25, generator("h.0.u"));
+  at::Tensor w =
+      at::empty({129, 65}, at::kFloat).normal_(0, 0.02, generator("h.0.w"));
+  at::Tensor b =
+      at::empty({17}, at::kBFloat16).normal_(1, 3, generator("h.0.b"));
+  at::Tensor u = at::empty({3, 4, 5}, at::kDouble)
+                     .uniform_(-0.5, 0.25, generator("h.0.u"));
   EXPECT_TRUE(at::equal(m.Get("h.0.w"), w));
   EXPECT_TRUE(at::equal(m.Get("h.0.b"), b));
   EXPECT_TRUE(at::equal(m.Get("h.0.u"), u));
@@ -169,13 +197,31 @@ TEST(ApplyInitsTest, ValuesDoNotDependOnOtherTensorsOrOrder) {
     seed: 5
   )pb";
   Materialized alone(std::string(R"pb(
-    tensors { name: "x" shape: [ 300 ] dtype: "float32" }
-  )pb") + rules);
+                       tensors {
+                         name: "x"
+                         shape: [ 300 ]
+                         dtype: "float32"
+                       }
+                     )pb") +
+                     rules);
   Materialized crowd(std::string(R"pb(
-    tensors { name: "z" shape: [ 1000 ] dtype: "float32" }
-    tensors { name: "y" shape: [ 7, 7 ] dtype: "float32" }
-    tensors { name: "x" shape: [ 300 ] dtype: "float32" }
-  )pb") + rules);
+                       tensors {
+                         name: "z"
+                         shape: [ 1000 ]
+                         dtype: "float32"
+                       }
+                       tensors {
+                         name: "y"
+                         shape: [ 7, 7 ]
+                         dtype: "float32"
+                       }
+                       tensors {
+                         name: "x"
+                         shape: [ 300 ]
+                         dtype: "float32"
+                       }
+                     )pb") +
+                     rules);
   ASSERT_OK(alone.status());
   ASSERT_OK(crowd.status());
   EXPECT_TRUE(at::equal(alone.Get("x"), crowd.Get("x")));
@@ -184,7 +230,11 @@ TEST(ApplyInitsTest, ValuesDoNotDependOnOtherTensorsOrOrder) {
 
 TEST(ApplyInitsTest, ZeroSizeAndScalarTensors) {
   Materialized m(R"pb(
-    tensors { name: "empty" shape: [ 0, 4 ] dtype: "float32" }
+    tensors {
+      name: "empty"
+      shape: [ 0, 4 ]
+      dtype: "float32"
+    }
     tensors { name: "scalar" dtype: "float32" }
     init_rules {
       pattern: "*"
@@ -194,6 +244,220 @@ TEST(ApplyInitsTest, ZeroSizeAndScalarTensors) {
   ASSERT_OK(m.status());
   EXPECT_EQ(m.Get("empty").numel(), 0);
   EXPECT_EQ(m.Get("scalar").item<float>(), -7.25f);
+}
+
+at::Generator Generator(uint64_t seed, const char* name) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>();
+  g.set_current_seed(DeriveSeed(seed, name));
+  return g;
+}
+
+TEST(ApplyInitsTest, EveryNewSchemeThroughRules) {
+  Materialized m(R"pb(
+    tensors {
+      name: "tn"
+      shape: [ 40, 30 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "xu"
+      shape: [ 40, 30 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "kn"
+      shape: [ 8, 4, 3, 3 ]
+      dtype: "float64"
+    }
+    tensors {
+      name: "or"
+      shape: [ 20, 50 ]
+      dtype: "bfloat16"
+    }
+    tensors {
+      name: "ey"
+      shape: [ 4, 6 ]
+      dtype: "int32"
+    }
+    tensors {
+      name: "di"
+      shape: [ 4, 4, 3 ]
+      dtype: "bool"
+    }
+    tensors {
+      name: "sp"
+      shape: [ 10, 7 ]
+      dtype: "float16"
+    }
+    tensors {
+      name: "ar"
+      shape: [ 2, 5 ]
+      dtype: "int64"
+    }
+    tensors {
+      name: "em"
+      shape: [ 9 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "rf"
+      shape: [ 16 ]
+      dtype: "float32"
+    }
+    init_rules {
+      pattern: "tn"
+      init { trunc_normal { std: 0.02 } }
+    }
+    init_rules {
+      pattern: "xu"
+      init { xavier_uniform {} }
+    }
+    init_rules {
+      pattern: "kn"
+      init { kaiming_normal { mode: "fan_out" } }
+    }
+    init_rules {
+      pattern: "or"
+      init { orthogonal {} }
+    }
+    init_rules {
+      pattern: "ey"
+      init { eye {} }
+    }
+    init_rules {
+      pattern: "di"
+      init { dirac {} }
+    }
+    init_rules {
+      pattern: "sp"
+      init { sparse { sparsity: 0.5 } }
+    }
+    init_rules {
+      pattern: "ar"
+      init { arange { start: 10 step: -1 } }
+    }
+    init_rules {
+      pattern: "em"
+      init { empty {} }
+    }
+    init_rules {
+      pattern: "rf"
+      init { rope_inv_freq {} }
+    }
+    seed: 11
+  )pb");
+  ASSERT_OK(m.status());
+  const double a = std::sqrt(3.0) * std::sqrt(2.0 / 70.0);
+  at::Generator g = Generator(11, "xu");
+  EXPECT_TRUE(at::equal(m.Get("xu"), at::empty({40, 30}).uniform_(-a, a, g)));
+  EXPECT_LE(m.Get("tn").abs().max().item<float>(), 2.0f);
+  EXPECT_TRUE(at::equal(m.Get("ey"), at::eye(4, 6, at::kInt)));
+  EXPECT_EQ(m.Get("di").sum().item<int64_t>(), 4);
+  for (int64_t col = 0; col < 7; ++col) {
+    EXPECT_EQ((m.Get("sp").select(1, col) == 0).sum().item<int64_t>(), 5);
+  }
+  EXPECT_EQ(m.Get("ar")[1][4].item<int64_t>(), 1);
+  EXPECT_EQ(at::count_nonzero(m.Get("em")).item<int64_t>(), 0);
+  EXPECT_EQ(m.Get("rf")[0].item<float>(), 1.0f);
+  at::Tensor o = m.Get("or").to(at::kDouble);
+  EXPECT_TRUE(
+      at::allclose(o.matmul(o.t()), at::eye(20, at::kDouble), 0.02, 0.02));
+}
+
+TEST(ApplyInitsTest, ModuleDefaultDrawsFromOneGeneratorPerModule) {
+  Materialized m(R"pb(
+    tensors {
+      name: "enc.fc.bias"
+      shape: [ 6 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "enc.fc.weight"
+      shape: [ 6, 5 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "enc.wte.weight"
+      shape: [ 7, 3 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "enc.ln.weight"
+      shape: [ 3 ]
+      dtype: "float32"
+    }
+    modules { name: "enc.fc" type: "torch.nn.Linear" }
+    modules { name: "enc.wte" type: "Embedding" padding_idx: 0 }
+    modules { name: "enc.ln" type: "LayerNorm" }
+    init_rules {
+      pattern: "*"
+      init { module_default {} }
+    }
+    seed: 3
+  )pb");
+  ASSERT_OK(m.status());
+  // Linear: kaiming_uniform_(weight, a=sqrt(5)), then the bias, in that
+  // order, from the module's generator (the request lists bias first).
+  at::Generator g = Generator(3, "enc.fc");
+  const double w =
+      std::sqrt(3.0) *
+      (std::sqrt(2.0 / (1 + LibmPow(std::sqrt(5.0), 2))) / std::sqrt(5.0));
+  at::Tensor weight = at::empty({6, 5}).uniform_(-w, w, g);
+  at::Tensor bias =
+      at::empty({6}).uniform_(-1 / std::sqrt(5.0), 1 / std::sqrt(5.0), g);
+  EXPECT_TRUE(at::equal(m.Get("enc.fc.weight"), weight));
+  EXPECT_TRUE(at::equal(m.Get("enc.fc.bias"), bias));
+  at::Generator e = Generator(3, "enc.wte");
+  at::Tensor table = at::empty({7, 3}).normal_(0, 1, e);
+  table[0].fill_(0);
+  EXPECT_TRUE(at::equal(m.Get("enc.wte.weight"), table));
+  EXPECT_TRUE(m.Get("enc.ln.weight").eq(1).all().item<bool>());
+}
+
+TEST(ApplyInitsTest, TiedTensorsAreNotWrittenTwice) {
+  Materialized m(R"pb(
+    tensors {
+      name: "wte.weight"
+      shape: [ 9, 4 ]
+      dtype: "float32"
+    }
+    tensors {
+      name: "lm_head.weight"
+      shape: [ 9, 4 ]
+      dtype: "float32"
+      tie_to: "wte.weight"
+    }
+    init_rules {
+      pattern: "*"
+      init { normal { std: 0.02 } }
+    }
+    seed: 8
+  )pb");
+  ASSERT_OK(m.status());
+  at::Generator g = Generator(8, "wte.weight");
+  at::Tensor want = at::empty({9, 4}).normal_(0, 0.02, g);
+  EXPECT_TRUE(at::equal(m.Get("wte.weight"), want));
+  EXPECT_TRUE(at::equal(m.Get("lm_head.weight"), want));
+}
+
+TEST(ApplyInitsTest, LeavesTheCallersKernelThreadCountAlone) {
+  // The init threads run kernels on one thread each; the caller (a server
+  // worker) must keep its own count, which sizes the next request's pool.
+  using GetMaxThreads = int (*)();
+  const auto get_max_threads = reinterpret_cast<GetMaxThreads>(
+      dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  if (get_max_threads == nullptr) GTEST_SKIP() << "LibTorch without OpenMP";
+  const int before = get_max_threads();
+  Materialized m(R"pb(
+    tensors { name: "a" shape: [ 64 ] dtype: "float32" }
+    tensors { name: "b" shape: [ 64 ] dtype: "float32" }
+    init_rules {
+      pattern: "*"
+      init { normal {} }
+    }
+  )pb");
+  ASSERT_OK(m.status());
+  EXPECT_EQ(get_max_threads(), before);
 }
 
 }  // namespace

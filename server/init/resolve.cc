@@ -1,5 +1,8 @@
 #include "server/init/resolve.h"
 
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/init/glob.h"
@@ -46,22 +49,32 @@ absl::StatusOr<Resolution> ResolveInits(
   std::vector<int> won(model.init_rules_size(), 0);
   std::vector<int> uncovered;
 
+  // Module types by module name, for the module-default fallback.
+  absl::flat_hash_map<absl::string_view, absl::string_view> module_types;
+  for (const v1::ModuleSpec& module : model.modules()) {
+    module_types.emplace(module.name(), module.type());
+  }
+
+  std::vector<std::string> sources(tensors.size());
   for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
     const spec::TensorDesc& tensor = tensors[i];
     const v1::TensorSpec& spec = model.tensors(i);
     ResolvedInit& out = resolution.inits[i];
+    if (tensor.tie_root >= 0) {
+      // Validation refuses an init on a tied tensor; rules skip it.
+      out.description = absl::StrCat("tied to ", tensors[tensor.tie_root].name);
+      continue;
+    }
     bool covered = false;
     if (spec.has_init()) {
       if (absl::Status s = CheckSchemeParameters(spec.init()); !s.ok()) {
         return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
       }
-      if (absl::Status s = CheckSchemeForTensor(spec.init(), tensor);
-          !s.ok()) {
+      if (absl::Status s = CheckSchemeForTensor(spec.init(), tensor); !s.ok()) {
         return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
       }
       out.scheme = spec.init();
-      out.description = absl::StrCat(DescribeScheme(out.scheme),
-                                     " [tensor init]");
+      sources[i] = " [tensor init]";
       covered = true;
     }
     for (int r = 0; r < model.init_rules_size(); ++r) {
@@ -69,17 +82,30 @@ absl::StatusOr<Resolution> ResolveInits(
       if (!GlobMatch(rule.pattern(), tensor.name)) continue;
       ++matched[r];
       if (covered) continue;
-      if (absl::Status s = CheckSchemeForTensor(rule.init(), tensor);
-          !s.ok()) {
+      if (absl::Status s = CheckSchemeForTensor(rule.init(), tensor); !s.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat(TensorPath(i, tensor), ": ", RulePath(r, rule),
                          " applies: ", s.message()));
       }
       ++won[r];
       out.scheme = rule.init();
-      out.description = absl::StrCat(DescribeScheme(out.scheme), " [rule ", r,
-                                     " \"", rule.pattern(), "\"]");
+      sources[i] = absl::StrCat(" [rule ", r, " \"", rule.pattern(), "\"]");
       covered = true;
+    }
+    if (!covered) {
+      // Last resort: what reset_parameters() of its module type does, when
+      // the type is known (from model.modules, else the tensor's
+      // module_type).
+      auto it = module_types.find(ModuleOf(tensor.name));
+      const absl::string_view type =
+          it != module_types.end() && !it->second.empty()
+              ? it->second
+              : absl::string_view(tensor.module_type);
+      if (!type.empty() && IsKnownModuleType(type)) {
+        *out.scheme.mutable_module_default() = v1::ModuleDefault();
+        sources[i] = " [module default]";
+        covered = true;
+      }
     }
     if (!covered) uncovered.push_back(i);
   }
@@ -94,17 +120,35 @@ absl::StatusOr<Resolution> ResolveInits(
       ++listed;
     }
     if (listed < uncovered.size()) {
-      absl::StrAppend(&list, ", ... and ", uncovered.size() - listed,
-                      " more");
+      absl::StrAppend(&list, ", ... and ", uncovered.size() - listed, " more");
     }
     return absl::InvalidArgumentError(absl::StrCat(
         "model: ", uncovered.size(),
         uncovered.size() == 1 ? " tensor has" : " tensors have",
-        " no init (no per-tensor init and no init_rules pattern matches), so "
-        "it would be returned uninitialized: ",
+        " no init (no per-tensor init, no init_rules pattern matches, and no "
+        "known module type gives a default), so it would be returned "
+        "uninitialized: ",
         list,
         ". Add a rule such as {\"pattern\": \"*\", \"init\": {\"zeros\": "
         "{}}} or set the tensor's init."));
+  }
+
+  std::vector<bool> is_module_default(tensors.size(), false);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    is_module_default[i] = resolution.inits[i].scheme.has_module_default();
+  }
+  absl::StatusOr<ModulePlans> plans =
+      PlanModuleDefaults(model, tensors, is_module_default);
+  if (!plans.ok()) return plans.status();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ResolvedInit& out = resolution.inits[i];
+    if (tensors[i].tie_root >= 0) continue;
+    out.module = plans->by_tensor[i];
+    out.description = absl::StrCat(
+        out.module != nullptr
+            ? DescribeModuleDefault(*out.module, static_cast<int>(i))
+            : DescribeScheme(out.scheme),
+        sources[i]);
   }
 
   for (int r = 0; r < model.init_rules_size(); ++r) {
@@ -118,6 +162,9 @@ absl::StatusOr<Resolution> ResolveInits(
           " tensor(s), all covered first by a per-tensor init or an earlier "
           "rule"));
     }
+  }
+  for (std::string& warning : plans->warnings) {
+    resolution.warnings.push_back(std::move(warning));
   }
   return resolution;
 }

@@ -26,27 +26,35 @@ absl::StatusOr<Resolution> Resolve(const std::string& text) {
 
 TEST(ResolveInitsTest, TensorInitBeatsRulesAndFirstRuleWins) {
   ASSERT_OK_AND_ASSIGN(Resolution r, Resolve(R"pb(
-    tensors {
-      name: "a.weight"
-      shape: [ 2 ]
-      dtype: "float32"
-      init { constant { val: 3 } }
-    }
-    tensors { name: "a.bias" shape: [ 2 ] dtype: "float32" }
-    tensors { name: "b.weight" shape: [ 2 ] dtype: "float32" }
-    init_rules {
-      pattern: "*.bias"
-      init { zeros {} }
-    }
-    init_rules {
-      pattern: "*"
-      init { normal { std: 0.02 } }
-    }
-    init_rules {
-      pattern: "b.*"
-      init { ones {} }
-    }
-  )pb"));
+                         tensors {
+                           name: "a.weight"
+                           shape: [ 2 ]
+                           dtype: "float32"
+                           init { constant { val: 3 } }
+                         }
+                         tensors {
+                           name: "a.bias"
+                           shape: [ 2 ]
+                           dtype: "float32"
+                         }
+                         tensors {
+                           name: "b.weight"
+                           shape: [ 2 ]
+                           dtype: "float32"
+                         }
+                         init_rules {
+                           pattern: "*.bias"
+                           init { zeros {} }
+                         }
+                         init_rules {
+                           pattern: "*"
+                           init { normal { std: 0.02 } }
+                         }
+                         init_rules {
+                           pattern: "b.*"
+                           init { ones {} }
+                         }
+                       )pb"));
   ASSERT_EQ(r.inits.size(), 3u);
   EXPECT_EQ(r.inits[0].description, "constant(val=3) [tensor init]");
   EXPECT_EQ(r.inits[1].description, "zeros [rule 0 \"*.bias\"]");
@@ -60,16 +68,20 @@ TEST(ResolveInitsTest, TensorInitBeatsRulesAndFirstRuleWins) {
 
 TEST(ResolveInitsTest, RuleMatchingNothingIsAWarningNotAnError) {
   ASSERT_OK_AND_ASSIGN(Resolution r, Resolve(R"pb(
-    tensors { name: "w" shape: [ 2 ] dtype: "float32" }
-    init_rules {
-      pattern: "*.gamma"
-      init { ones {} }
-    }
-    init_rules {
-      pattern: "*"
-      init { zeros {} }
-    }
-  )pb"));
+                         tensors {
+                           name: "w"
+                           shape: [ 2 ]
+                           dtype: "float32"
+                         }
+                         init_rules {
+                           pattern: "*.gamma"
+                           init { ones {} }
+                         }
+                         init_rules {
+                           pattern: "*"
+                           init { zeros {} }
+                         }
+                       )pb"));
   EXPECT_THAT(r.warnings, ElementsAre(HasSubstr(
                               "model.init_rules[0] (\"*.gamma\") matches no "
                               "tensor")));
@@ -77,10 +89,26 @@ TEST(ResolveInitsTest, RuleMatchingNothingIsAWarningNotAnError) {
 
 TEST(ResolveInitsTest, UncoveredTensorsAreAllListed) {
   EXPECT_THAT(Resolve(R"pb(
-                tensors { name: "a.weight" shape: [ 2 ] dtype: "float32" }
-                tensors { name: "a.bias" shape: [ 2 ] dtype: "float32" }
-                tensors { name: "c.weight" shape: [ 2 ] dtype: "float32" }
-                tensors { name: "rope.inv_freq" shape: [ 2 ] dtype: "float32" }
+                tensors {
+                  name: "a.weight"
+                  shape: [ 2 ]
+                  dtype: "float32"
+                }
+                tensors {
+                  name: "a.bias"
+                  shape: [ 2 ]
+                  dtype: "float32"
+                }
+                tensors {
+                  name: "c.weight"
+                  shape: [ 2 ]
+                  dtype: "float32"
+                }
+                tensors {
+                  name: "rope.inv_freq"
+                  shape: [ 2 ]
+                  dtype: "float32"
+                }
                 init_rules {
                   pattern: "*.bias"
                   init { zeros {} }
@@ -161,17 +189,21 @@ TEST(ResolveInitsTest, BadParametersNameTheRuleOrTensor) {
     if (text.find("tensors") == std::string::npos) {
       text += " tensors { name: \"w\" shape: [ 1 ] dtype: \"float32\" }";
     }
-    EXPECT_THAT(Resolve(text).status(),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(c.expected_path),
-                               HasSubstr(c.reason))))
+    EXPECT_THAT(
+        Resolve(text).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(c.expected_path), HasSubstr(c.reason))))
         << c.spec;
   }
 }
 
 TEST(ResolveInitsTest, SchemeMustSuitTheDtype) {
   EXPECT_THAT(Resolve(R"pb(
-                tensors { name: "ids" shape: [ 4 ] dtype: "int64" }
+                tensors {
+                  name: "ids"
+                  shape: [ 4 ]
+                  dtype: "int64"
+                }
                 init_rules {
                   pattern: "*"
                   init { normal {} }
@@ -182,17 +214,18 @@ TEST(ResolveInitsTest, SchemeMustSuitTheDtype) {
                        AllOf(HasSubstr("model.tensors[0] (\"ids\")"),
                              HasSubstr("model.init_rules[0] (\"*\") applies"),
                              HasSubstr("needs a floating-point dtype"))));
-  EXPECT_THAT(Resolve(R"pb(
-                tensors {
-                  name: "h"
-                  shape: [ 4 ]
-                  dtype: "float16"
-                  init { constant { val: 1e6 } }
-                }
-              )pb")
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("\"h\""), HasSubstr("overflows float16"))));
+  EXPECT_THAT(
+      Resolve(R"pb(
+        tensors {
+          name: "h"
+          shape: [ 4 ]
+          dtype: "float16"
+          init { constant { val: 1e6 } }
+        }
+      )pb")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("\"h\""), HasSubstr("overflows float16"))));
   EXPECT_THAT(Resolve(R"pb(
                 tensors {
                   name: "m"
@@ -224,6 +257,156 @@ TEST(ResolveInitsTest, SchemeMustSuitTheDtype) {
                 }
               )pb")
                   .ok());
+}
+
+TEST(ResolveInitsTest, TiedTensorsHaveNoInitOfTheirOwn) {
+  v1::ModelSpec model;
+  ASSERT_TRUE(
+      google::protobuf::TextFormat::ParseFromString(R"pb(
+                                                      tensors {
+                                                        name: "wte.weight"
+                                                        shape: [ 4, 2 ]
+                                                        dtype: "float32"
+                                                      }
+                                                      tensors {
+                                                        name: "lm_head.weight"
+                                                        shape: [ 4, 2 ]
+                                                        dtype: "float32"
+                                                      }
+                                                      init_rules {
+                                                        pattern: "lm_head.*"
+                                                        init { ones {} }
+                                                      }
+                                                      init_rules {
+                                                        pattern: "*"
+                                                        init { zeros {} }
+                                                      }
+                                                    )pb",
+                                                    &model));
+  std::vector<spec::TensorDesc> tensors(2);
+  for (int i = 0; i < 2; ++i) {
+    tensors[i].name = model.tensors(i).name();
+    tensors[i].shape = {4, 2};
+    tensors[i].numel = 8;
+    tensors[i].nbytes = 32;
+  }
+  tensors[1].tie_root = 0;
+  ASSERT_OK_AND_ASSIGN(Resolution r, ResolveInits(model, tensors));
+  EXPECT_EQ(r.inits[0].description, "zeros [rule 1 \"*\"]");
+  EXPECT_EQ(r.inits[1].description, "tied to wte.weight");
+  EXPECT_EQ(r.inits[1].scheme.scheme_case(), v1::InitScheme::SCHEME_NOT_SET);
+  // The lm_head rule only matched the tied tensor.
+  EXPECT_THAT(r.warnings, ElementsAre(HasSubstr("matches no tensor")));
+}
+
+TEST(ResolveInitsTest, ModuleDefaultsGetTheirModulePlan) {
+  ASSERT_OK_AND_ASSIGN(Resolution r, Resolve(R"pb(
+                         tensors {
+                           name: "wte.weight"
+                           shape: [ 10, 4 ]
+                           dtype: "float32"
+                           module_type: "Embedding"
+                         }
+                         tensors {
+                           name: "ln.weight"
+                           shape: [ 4 ]
+                           dtype: "float32"
+                           module_type: "LayerNorm"
+                           init { ones {} }
+                         }
+                         tensors {
+                           name: "ln.bias"
+                           shape: [ 4 ]
+                           dtype: "float32"
+                           module_type: "LayerNorm"
+                         }
+                         modules { name: "wte" padding_idx: 1 }
+                         modules { name: "unused" }
+                         init_rules {
+                           pattern: "*"
+                           init { module_default {} }
+                         }
+                       )pb"));
+  ASSERT_NE(r.inits[0].module, nullptr);
+  EXPECT_EQ(r.inits[0].module->name, "wte");
+  EXPECT_EQ(r.inits[0].description,
+            "module_default(Embedding \"wte\": normal(mean=0, std=1), row 1 "
+            "zeroed) [rule 0 \"*\"]");
+  EXPECT_EQ(r.inits[1].module, nullptr);
+  EXPECT_EQ(r.inits[1].description, "ones [tensor init]");
+  EXPECT_EQ(r.inits[2].description,
+            "module_default(LayerNorm \"ln\": zeros) [rule 0 \"*\"]");
+  EXPECT_THAT(r.warnings, ElementsAre(HasSubstr("model.modules[1] (\"unused\") "
+                                                "owns no tensor")));
+}
+
+TEST(ResolveInitsTest, NewSchemesAreCheckedAgainstTheirTensor) {
+  EXPECT_THAT(Resolve(R"pb(
+                tensors {
+                  name: "b"
+                  shape: [ 4 ]
+                  dtype: "float32"
+                }
+                init_rules {
+                  pattern: "*"
+                  init { xavier_uniform {} }
+                }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.tensors[0] (\"b\")"),
+                             HasSubstr("at least 2 dimensions"))));
+  EXPECT_THAT(Resolve(R"pb(
+                tensors {
+                  name: "w"
+                  shape: [ 4, 4 ]
+                  dtype: "float32"
+                }
+                init_rules {
+                  pattern: "*"
+                  init { kaiming_uniform { mode: "avg" } }
+                }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.init_rules[0] (\"*\").init"),
+                             HasSubstr("kaiming_uniform.mode"))));
+}
+
+TEST(ResolveInitsTest, KnownModuleTypeIsTheLastResort) {
+  ASSERT_OK_AND_ASSIGN(Resolution r, Resolve(R"pb(
+    tensors {
+      name: "fc.weight"
+      shape: [ 4, 3 ]
+      dtype: "float32"
+      module_type: "torch.nn.Linear"
+    }
+    tensors { name: "fc.bias" shape: [ 4 ] dtype: "float32" module_type: "Linear" }
+    tensors { name: "ln.weight" shape: [ 4 ] dtype: "float32" }
+    modules { name: "ln" type: "LayerNorm" }
+    init_rules {
+      pattern: "*.bias"
+      init { zeros {} }
+    }
+  )pb"));
+  EXPECT_TRUE(r.inits[0].scheme.has_module_default());
+  EXPECT_THAT(r.inits[0].description, HasSubstr("[module default]"));
+  EXPECT_EQ(r.inits[1].description, "zeros [rule 0 \"*.bias\"]");
+  EXPECT_TRUE(r.inits[2].scheme.has_module_default());  // from model.modules
+  // A type module_default does not know (Hugging Face's Conv1D) covers
+  // nothing.
+  EXPECT_THAT(Resolve(R"pb(
+                tensors {
+                  name: "c_attn.weight"
+                  shape: [ 4, 12 ]
+                  dtype: "float32"
+                  module_type: "Conv1D"
+                }
+              )pb")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("1 tensor has no init"),
+                             HasSubstr("\"c_attn.weight\""))));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 """Helpers shared by the Python tests: seeds, request files, references."""
 
+import contextlib
 import json
 import math
 import os
@@ -53,26 +54,175 @@ def generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, name))
 
 
+def snake(name: str) -> str:
+    """proto JSON field names (lowerCamelCase) -> proto names."""
+    out = []
+    for c in name:
+        if c.isupper():
+            out.append("_" + c.lower())
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """LAPACK's QR (MKL) differs in the last bits between thread counts; the
+    service runs it on one thread, so the orthogonal reference does too."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def gain_value(gain) -> float:
+    """A Gain message (as a dict) -> the gain torch.nn.init is called with."""
+    gain = {snake(k): v for k, v in (gain or {}).items()}
+    if "value" in gain:
+        return gain["value"]
+    if "nonlinearity" in gain:
+        return torch.nn.init.calculate_gain(gain["nonlinearity"], gain.get("param"))
+    return 1.0
+
+
+def rope_inv_freq(base: float = 10000.0, dim: int = 0, scaling=None) -> torch.Tensor:
+    """RoPE inverse frequencies (float32), written exactly like Hugging Face
+    transformers' rope init functions (docs/init.md quotes this)."""
+    scaling = {snake(k): v for k, v in (scaling or {}).items()}
+    kind = scaling.get("type") or "default"
+    factor = scaling.get("factor", 0.0)
+
+    def default(base):
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+    if kind in ("default", "dynamic"):
+        return default(base)
+    if kind == "linear":
+        inv_freq = default(base)
+        inv_freq /= factor
+        return inv_freq
+    if kind == "llama3":
+        inv_freq = default(base)
+        low_freq_factor = scaling.get("low_freq_factor", 1.0)
+        high_freq_factor = scaling.get("high_freq_factor", 4.0)
+        old_context_len = int(scaling["original_max_position_embeddings"])
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+    if kind == "yarn":
+        beta_fast = scaling.get("beta_fast", 32.0)
+        beta_slow = scaling.get("beta_slow", 1.0)
+        original = int(scaling["original_max_position_embeddings"])
+
+        def find_correction_dim(num_rotations):
+            return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low = max(math.floor(find_correction_dim(beta_fast)), 0)
+        high = min(math.ceil(find_correction_dim(beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+        inv_freq_extrapolation = 1.0 / pos_freqs
+        inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+        inv_freq_extrapolation_factor = 1 - ramp
+        return (inv_freq_interpolation * (1 - inv_freq_extrapolation_factor)
+                + inv_freq_extrapolation * inv_freq_extrapolation_factor)
+    raise ValueError(f"unknown RoPE scaling {kind}")
+
+
 def reference(shape, dtype: torch.dtype, scheme: str, params: dict,
               seed: int, name: str) -> torch.Tensor:
-    """What RNG_MODE_TORCH must produce for one tensor, bit for bit."""
+    """What RNG_MODE_TORCH must produce for one tensor, bit for bit: the
+    Python expressions of docs/init.md. `scheme` and `params` are the
+    InitScheme oneof case and its fields (proto or JSON names)."""
     shape = list(shape)
+    scheme = snake(scheme)
+    params = {snake(k): v for k, v in (params or {}).items()}
+    n = numel(shape)
     if scheme == "zeros":
         return torch.zeros(shape, dtype=dtype)
     if scheme == "ones":
         return torch.ones(shape, dtype=dtype)
     if scheme == "constant":
         return torch.full(shape, params.get("val", 0.0), dtype=dtype)
-    gen_dtype = torch.float32 if dtype in FLOAT8 else dtype
-    t = torch.empty(shape, dtype=gen_dtype)
-    g = generator(seed, name)
+    if scheme == "empty":
+        return torch.zeros(shape, dtype=dtype)  # fresh pages (CPU)
+    if scheme == "arange":
+        start, step = params.get("start", 0.0), params.get("step", 1.0)
+        if dtype.is_floating_point:
+            values = torch.arange(n, dtype=torch.float64) * step + start
+        else:
+            values = torch.arange(n, dtype=torch.int64) * int(step) + int(start)
+        return values.to(dtype).reshape(shape)
+    if scheme == "rope_inv_freq":
+        dim = params.get("dim", 2 * shape[0])
+        return rope_inv_freq(params.get("base", 10000.0), dim,
+                             params.get("scaling")).to(dtype)
+    wide = dtype in FLOAT8 or (scheme == "orthogonal" and dtype in (torch.float16, torch.bfloat16))
+    t = torch.empty(shape, dtype=torch.float32 if wide else dtype)
+    if n == 0:
+        return t.to(dtype)
+    if scheme == "eye":
+        torch.nn.init.eye_(t)
+        return t.to(dtype)
+    if scheme == "dirac":
+        torch.nn.init.dirac_(t, params.get("groups", 1))
+        return t.to(dtype)
+    d = derive_seed(seed, name)
+    g = torch.Generator().manual_seed(d)
+    init = torch.nn.init
     if scheme == "normal":
         t.normal_(params.get("mean", 0.0), params.get("std", 1.0), generator=g)
     elif scheme == "uniform":
         t.uniform_(params.get("a", 0.0), params.get("b", 1.0), generator=g)
+    elif scheme == "trunc_normal":
+        init.trunc_normal_(t, params.get("mean", 0.0), params.get("std", 1.0),
+                           params.get("a", -2.0), params.get("b", 2.0), generator=g)
+    elif scheme in ("xavier_uniform", "xavier_normal"):
+        fn = init.xavier_uniform_ if scheme == "xavier_uniform" else init.xavier_normal_
+        fn(t, gain=gain_value(params.get("gain")), generator=g)
+    elif scheme in ("kaiming_uniform", "kaiming_normal"):
+        fn = init.kaiming_uniform_ if scheme == "kaiming_uniform" else init.kaiming_normal_
+        fn(t, a=params.get("a", 0), mode=params.get("mode") or "fan_in",
+           nonlinearity=params.get("nonlinearity") or "leaky_relu", generator=g)
+    elif scheme == "orthogonal":
+        with one_thread():
+            init.orthogonal_(t, gain=gain_value(params.get("gain")), generator=g)
+    elif scheme == "sparse":
+        torch.manual_seed(d)  # sparse_ draws torch.randperm from the default generator
+        init.sparse_(t, params.get("sparsity", 0.0), params.get("std", 0.01), generator=g)
     else:
         raise ValueError(f"unknown scheme {scheme}")
     return t.to(dtype)
+
+
+def reset_module(module, seed: int, name: str) -> None:
+    """module_default's reference: the module's own reset with the global
+    generator seeded from its name. MultiheadAttention: out_proj (its own
+    Linear) first, then MultiheadAttention._reset_parameters, which zeroes
+    out_proj.bias."""
+    if isinstance(module, torch.nn.MultiheadAttention):
+        out_name = f"{name}.out_proj" if name else "out_proj"
+        torch.manual_seed(derive_seed(seed, out_name))
+        module.out_proj.reset_parameters()
+        torch.manual_seed(derive_seed(seed, name))
+        module._reset_parameters()
+        return
+    torch.manual_seed(derive_seed(seed, name))
+    module.reset_parameters()
+
+
+def load_safetensors(blob: bytes) -> dict:
+    import safetensors.torch
+    return safetensors.torch.load(blob)
 
 
 def glob_match(pattern: str, name: str) -> bool:
