@@ -86,8 +86,10 @@ def numel(shape):
 
 
 def count_params(req):
+    """Parameters, tied ones counted once (as model.parameters() does)."""
     return sum(numel(t["shape"]) for t in req["model"]["tensors"]
-               if t.get("kind", "TENSOR_KIND_PARAMETER") != "TENSOR_KIND_BUFFER")
+               if t.get("kind", "TENSOR_KIND_PARAMETER") != "TENSOR_KIND_BUFFER"
+               and not t.get("tieTo"))
 
 
 # ---------------------------------------------------------------------------
@@ -125,7 +127,8 @@ GPT2_PARAMS = 124_439_808
 
 
 def gpt2_small():
-    """Hugging Face GPT2LMHeadModel("gpt2") without the tied lm_head.weight."""
+    """Hugging Face GPT2LMHeadModel("gpt2"): its state_dict names and shapes,
+    lm_head.weight tied to transformer.wte.weight."""
     vocab, n_pos, d, n_layer = 50257, 1024, 768, 12
     dt = "float32"
     t = [
@@ -148,9 +151,12 @@ def gpt2_small():
             param(p + "mlp.c_proj.weight", [4 * d, d], dt, "Conv1D"),
             param(p + "mlp.c_proj.bias", [d], dt, "Conv1D"),
         ]
+    lm_head = param("lm_head.weight", [vocab, d], dt, "Linear")
+    lm_head["tieTo"] = "transformer.wte.weight"
     t += [
         param("transformer.ln_f.weight", [d], dt, "LayerNorm"),
         param("transformer.ln_f.bias", [d], dt, "LayerNorm"),
+        lm_head,
     ]
     # First match wins: LayerNorm weights before the "*.weight" catch-all.
     rules = [
@@ -164,7 +170,7 @@ def gpt2_small():
 
 
 def llama(label, vocab, hidden, intermediate, layers, heads, kv_heads, dt,
-          rotary_buffers):
+          rotary_buffers, tie_embeddings):
     """LLaMA-shaped (Hugging Face LlamaForCausalLM state_dict names)."""
     head_dim = hidden // heads
     t = [param("model.embed_tokens.weight", [vocab, hidden], dt, "Embedding")]
@@ -193,17 +199,19 @@ def llama(label, vocab, hidden, intermediate, layers, heads, kv_heads, dt,
             t.append(buffer(p + "self_attn.rotary_emb.inv_freq",
                             [head_dim // 2], "float32",
                             "LlamaRotaryEmbedding", persistent=False))
-    t += [
-        param("model.norm.weight", [hidden], dt, "LlamaRMSNorm"),
-        param("lm_head.weight", [vocab, hidden], dt, "Linear"),
-    ]
+    lm_head = param("lm_head.weight", [vocab, hidden], dt, "Linear")
+    if tie_embeddings:
+        # tie_word_embeddings (as in Llama 3.2 1B): one storage, two names.
+        lm_head["tieTo"] = "model.embed_tokens.weight"
+    t += [param("model.norm.weight", [hidden], dt, "LlamaRMSNorm"), lm_head]
     rules = [
         rule("*norm.weight", ones()),
     ]
     if rotary_buffers:
-        # Placeholder: the real RoPE formula (1 / base^(2i/d)) is not an init
-        # scheme yet. Not random, and never uninitialized.
-        rules.append(rule("*.rotary_emb.inv_freq", constant(1.0)))
+        # inv_freq[i] = 1 / base^(2i / head_dim), as LlamaRotaryEmbedding
+        # computes it (non-persistent: not in the state_dict).
+        rules.append(rule("*.rotary_emb.inv_freq",
+                          {"ropeInvFreq": {"base": 10000.0}}))
     rules.append(rule("*.weight", normal(0.0, 0.02)))
     return request(t, rules, label)
 
@@ -211,7 +219,7 @@ def llama(label, vocab, hidden, intermediate, layers, heads, kv_heads, dt,
 def llama_small():
     return llama("llama-small (hidden 512, 8 layers, bf16)", vocab=32000,
                  hidden=512, intermediate=1376, layers=8, heads=8, kv_heads=8,
-                 dt="bfloat16", rotary_buffers=True)
+                 dt="bfloat16", rotary_buffers=True, tie_embeddings=True)
 
 
 TINYLLAMA_PARAMS = 1_100_048_384
@@ -222,7 +230,7 @@ def llama_1b():
     # float32, as the master weights of mixed-precision training (4.4 GB).
     req = llama("llama-1b (TinyLlama-1.1B shapes, fp32)", vocab=32000,
                 hidden=2048, intermediate=5632, layers=22, heads=32, kv_heads=4,
-                dt="float32", rotary_buffers=False)
+                dt="float32", rotary_buffers=False, tie_embeddings=False)
     assert count_params(req) == TINYLLAMA_PARAMS, count_params(req)
     return req
 

@@ -68,7 +68,8 @@ TEST(EndToEndTest, Gpt2SmallMaterializeFetchRelease) {
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
                   testing::ReadRunfile("examples/gpt2-small.json"), &request)
                   .ok());
-  ASSERT_EQ(request.model().tensors_size(), 148);
+  // 148 parameters plus lm_head.weight, tied to transformer.wte.weight.
+  ASSERT_EQ(request.model().tensors_size(), 149);
 
   v1::MaterializeResponse materialized;
   {
@@ -78,8 +79,8 @@ TEST(EndToEndTest, Gpt2SmallMaterializeFetchRelease) {
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
   EXPECT_EQ(materialized.state(), v1::HANDLE_STATE_READY);
-  EXPECT_EQ(materialized.num_tensors(), 148u);
-  EXPECT_EQ(materialized.tensor_bytes(), 124439808u * 4u);
+  EXPECT_EQ(materialized.num_tensors(), 149u);
+  EXPECT_EQ(materialized.tensor_bytes(), 124439808u * 4u);  // tie counted once
   EXPECT_EQ(server.Stats("trainer").in_use_bytes(), materialized.arena_bytes());
 
   // Fetch in 1 MiB chunks; they must arrive in order and add up.
@@ -106,7 +107,7 @@ TEST(EndToEndTest, Gpt2SmallMaterializeFetchRelease) {
   size_t data_start = 0;
   const std::map<std::string, FileTensor> tensors =
       ParseSafetensors(file, &data_start);
-  ASSERT_EQ(tensors.size(), 148u);
+  ASSERT_EQ(tensors.size(), 149u);
   uint64_t covered = 0;
   for (const v1::TensorSpec& spec : request.model().tensors()) {
     SCOPED_TRACE(spec.name());
@@ -134,7 +135,16 @@ TEST(EndToEndTest, Gpt2SmallMaterializeFetchRelease) {
       EXPECT_NEAR(values.std().item<double>(), 0.02, 0.02 * 0.01 + 6 * se);
     }
   }
-  EXPECT_EQ(covered, 124439808u * 4u);  // no gaps, no overlap
+  // No gaps, no overlap; the tied lm_head is written as its own copy.
+  EXPECT_EQ(covered, (124439808u + 50257u * 768u) * 4u);
+  {
+    const FileTensor& wte = tensors.at("transformer.wte.weight");
+    const FileTensor& head = tensors.at("lm_head.weight");
+    EXPECT_EQ(std::memcmp(file.data() + data_start + wte.begin,
+                          file.data() + data_start + head.begin,
+                          wte.end - wte.begin),
+              0);
+  }
 
   // One tensor bit for bit against torch with the documented seed.
   {

@@ -231,11 +231,23 @@ def glob_match(pattern: str, name: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
+def tie_root(model_json: dict, name: str) -> str:
+    """The tensor `name` shares storage with (itself if not tied)."""
+    by_name = {t["name"]: t for t in model_json["tensors"]}
+    while by_name[name].get("tieTo"):
+        name = by_name[name]["tieTo"]
+    return name
+
+
 def resolve_inits(model_json: dict) -> dict:
-    """name -> (scheme, params) following the API's precedence rules."""
+    """name -> (scheme, params) following the API's precedence rules. A tied
+    tensor gets its root's (its values are the root's: seed with the root's
+    name, see tie_root)."""
     out = {}
     rules = model_json.get("initRules", [])
     for t in model_json["tensors"]:
+        if t.get("tieTo"):
+            continue
         init = t.get("init")
         if init is None:
             for r in rules:
@@ -246,6 +258,9 @@ def resolve_inits(model_json: dict) -> dict:
             raise ValueError(f"{t['name']} is not covered")
         (scheme, params), = init.items()
         out[t["name"]] = (scheme, params)
+    for t in model_json["tensors"]:
+        if t.get("tieTo"):
+            out[t["name"]] = out[tie_root(model_json, t["name"])]
     return out
 
 

@@ -86,8 +86,9 @@ def check_tensors(loaded, model, dtype_filter=None):
         if scheme == "uniform":
             assert got.min().item() >= params["a"], name
             assert got.max().item() <= params["b"], name
+        # A tied tensor holds its root's values, drawn with the root's seed.
         want = m.reference(t["shape"], m.TORCH_DTYPES[t["dtype"]], scheme,
-                           params, seed, name)
+                           params, seed, m.tie_root(model, name))
         # Bit for bit (view as integers so -0.0 / NaN cannot hide).
         assert m.same_bits(got, want), (
             f"{name}: differs from torch reference ({scheme} {params})")
@@ -100,7 +101,7 @@ def test_gpt2_small_roundtrip(server, tmp_path):
     with server.handle(req) as resp:
         assert resp.handle.startswith("h-") and len(resp.handle) == 34
         assert resp.state == server.pb.HANDLE_STATE_READY
-        assert resp.num_tensors == len(specs) == 148
+        assert resp.num_tensors == len(specs) == 149  # + the tied lm_head
         assert resp.tensor_bytes == 124_439_808 * 4
         assert resp.arena_bytes >= resp.tensor_bytes
         assert resp.device.startswith("cpu")
@@ -161,10 +162,15 @@ def test_llama_small_bf16_and_non_persistent_buffers(server, tmp_path):
                                        include_non_persistent=True)
         assert set(loaded2) == set(specs)
         check_layout(blob2, specs)
+        # RoPE: inv_freq[i] = 1 / 10000^(2i / 64), computed as LLaMA does.
+        want_inv = m.rope_inv_freq(10000.0, 64)
         for name in inv:
             assert loaded2[name].dtype == torch.float32
             assert list(loaded2[name].shape) == [32]
-            assert bool((loaded2[name] == 1.0).all()), name
+            assert m.same_bits(loaded2[name], want_inv), name
+        # lm_head is tied to the embedding: one storage, both names written.
+        assert m.same_bits(loaded["lm_head.weight"],
+                           loaded["model.embed_tokens.weight"])
         for name in loaded:
             assert m.same_bits(loaded[name], loaded2[name]), name
     server.assert_idle()
@@ -254,7 +260,7 @@ def test_plan_allocates_nothing_and_matches_materialize(server):
     assert plan.largest_tensor == "transformer.wte.weight"
     assert plan.largest_tensor_bytes == 50257 * 768 * 4
     assert [(d.dtype, d.nbytes, d.tensors) for d in plan.by_dtype] == [
-        ("float32", 124_439_808 * 4, 148)]
+        ("float32", 124_439_808 * 4, 149)]
     assert [t.name for t in plan.tensors] == [t.name for t in mreq.model.tensors]
     assert plan.placement.startswith("cpu")
     assert not plan.warnings
@@ -262,6 +268,9 @@ def test_plan_allocates_nothing_and_matches_materialize(server):
     assert "normal" in by_name["transformer.h.0.attn.c_attn.weight"].init
     assert "ones" in by_name["transformer.h.0.ln_1.weight"].init
     assert "zeros" in by_name["transformer.h.0.ln_1.bias"].init
+    assert by_name["lm_head.weight"].tied_to == "transformer.wte.weight"
+    assert (by_name["lm_head.weight"].arena_offset
+            == by_name["transformer.wte.weight"].arena_offset)
     server.assert_idle()
     with server.handle(mreq) as resp:
         assert resp.arena_bytes == plan.arena_bytes
