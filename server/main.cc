@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/common/log.h"
 #include "server/common/units.h"
 #include "server/service/server.h"
@@ -38,8 +39,22 @@ ABSL_FLAG(int, workers, 0,
           "threads for materialization work; 0 = one per hardware thread");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(bool, allow_insecure_remote, false,
-          "serve on a non-loopback address although client identity comes "
-          "from unauthenticated metadata (trusted networks only)");
+          "serve the development mode (client identity from unauthenticated "
+          "metadata) on a non-loopback address (trusted networks only)");
+ABSL_FLAG(std::string, tls_cert, "", "TLS certificate chain (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "TLS private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "mTLS: CA bundle client certificates must chain to (PEM)");
+ABSL_FLAG(std::string, token_file, "",
+          "bearer tokens, one \"<token> <client name>\" per line (needs TLS)");
+ABSL_FLAG(std::string, admin_clients, "",
+          "comma-separated identities that see every client in GetStats");
+ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
+          "how long a session outlives its Attach stream before its handles "
+          "are released (0 = at once)");
+ABSL_FLAG(absl::Duration, default_ttl, absl::Hours(1),
+          "lease of handles created outside a session when the request "
+          "sets no ttl");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -65,6 +80,21 @@ int main(int argc, char** argv) {
   options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
   options.default_quota_handles = absl::GetFlag(FLAGS_default_quota_handles);
   options.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
+  options.auth.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.auth.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.auth.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth.token_file = absl::GetFlag(FLAGS_token_file);
+  options.auth.admin_clients =
+      absl::StrSplit(absl::GetFlag(FLAGS_admin_clients), ',',
+                     absl::SkipWhitespace());
+  options.session_grace = absl::GetFlag(FLAGS_session_grace);
+  options.default_ttl = absl::GetFlag(FLAGS_default_ttl);
+  if (options.session_grace < absl::ZeroDuration() ||
+      options.default_ttl <= absl::ZeroDuration()) {
+    std::cerr << "materializerd: --session_grace must be >= 0 and "
+                 "--default_ttl > 0\n";
+    return 2;
+  }
   absl::StatusOr<uint64_t> max_message =
       materializer::ParseBytes(absl::GetFlag(FLAGS_max_message_size));
   if (!max_message.ok() || *max_message == 0 || *max_message > (1u << 31) - 1) {

@@ -67,7 +67,8 @@ google::protobuf::Timestamp ToProto(absl::Time time) {
 // returns the bytes to the ledger.
 absl::Status Build(registry::Handle& handle, memory::Reservation reservation,
                    const std::vector<init::ResolvedInit>& inits,
-                   v1::PhaseTimings* timings) {
+                   v1::PhaseTimings* timings,
+                   const std::function<bool()>& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
   const absl::Time allocate_start = absl::Now();
   ASSIGN_OR_RETURN(
@@ -77,8 +78,8 @@ absl::Status Build(registry::Handle& handle, memory::Reservation reservation,
   timings->set_allocate_us(MicrosSince(allocate_start));
 
   const absl::Time init_start = absl::Now();
-  RETURN_IF_ERROR(
-      init::ApplyInits(spec.tensors, inits, spec.seed, spec.rng, *arena));
+  RETURN_IF_ERROR(init::ApplyInits(spec.tensors, inits, spec.seed, spec.rng,
+                                   *arena, cancelled));
   timings->set_init_us(MicrosSince(init_start));
 
   const absl::Time register_start = absl::Now();
@@ -90,8 +91,11 @@ absl::Status Build(registry::Handle& handle, memory::Reservation reservation,
 }  // namespace
 
 Engine::Engine(memory::DevicePool* pool, registry::HandleRegistry* registry,
-               ThreadPool* workers)
-    : pool_(pool), registry_(registry), workers_(workers) {}
+               ThreadPool* workers, EngineOptions options)
+    : pool_(pool),
+      registry_(registry),
+      workers_(workers),
+      options_(std::move(options)) {}
 
 absl::StatusOr<v1::PlanResponse> Engine::Plan(
     const Caller& caller, const v1::PlanRequest& request) const {
@@ -162,7 +166,8 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
 }
 
 absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
-    const Caller& caller, const v1::MaterializeRequest& request) {
+    const Caller& caller, const v1::MaterializeRequest& request,
+    const std::function<bool()>& cancelled) {
   const absl::Time start = absl::Now();
   v1::MaterializeResponse response;
   v1::PhaseTimings* timings = response.mutable_timings();
@@ -171,6 +176,19 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     return absl::InvalidArgumentError(
         absl::StrCat("label: ", request.label().size(),
                      " bytes; the limit is ", kMaxLabelBytes));
+  }
+  absl::Duration ttl = options_.default_ttl;
+  if (request.has_ttl()) {
+    ttl = absl::Seconds(request.ttl().seconds()) +
+          absl::Nanoseconds(request.ttl().nanos());
+    if (ttl <= absl::ZeroDuration() || ttl > options_.max_ttl) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ttl: ", absl::FormatDuration(ttl), " is outside (0, ",
+          absl::FormatDuration(options_.max_ttl), "]"));
+    }
+  }
+  if (!caller.session.empty() && options_.sessions == nullptr) {
+    return absl::FailedPreconditionError("this server has no sessions");
   }
   uint64_t validate_us = 0;
   uint64_t plan_us = 0;
@@ -200,7 +218,20 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   spec.rng = request.model().rng() == v1::RNG_MODE_UNSPECIFIED
                  ? init::kDefaultRngMode
                  : request.model().rng();
-  std::shared_ptr<registry::Handle> handle = registry_->Create(std::move(spec));
+  // A handle belongs to the caller's session, or holds a lease of its own.
+  std::shared_ptr<registry::Handle> handle;
+  if (caller.session.empty()) {
+    spec.ttl = ttl;
+    handle = registry_->Create(std::move(spec));
+  } else {
+    spec.session = caller.session;
+    // Registered under the session's lock, so the session cannot end
+    // between the check and the binding. On error the reservation is
+    // dropped: nothing stays counted.
+    RETURN_IF_ERROR(options_.sessions->WithLiveSession(
+        caller.identity, caller.session,
+        [&] { handle = registry_->Create(std::move(spec)); }));
+  }
 
   response.set_handle(handle->id());
   response.set_device(handle->spec().device);
@@ -222,7 +253,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     workers_->Schedule([handle, moved_reservation, inits] {
       v1::PhaseTimings ignored;
       absl::Status status = Build(*handle, std::move(*moved_reservation),
-                                  *inits, &ignored);
+                                  *inits, &ignored, /*cancelled=*/nullptr);
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
                       << " failed: " << status;
@@ -235,7 +266,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
 
   absl::Status status = Build(*handle, std::move(reservation),
-                              prepared.resolution.inits, timings);
+                              prepared.resolution.inits, timings, cancelled);
   if (!status.ok()) {
     registry_->Forget(handle->id());
     return status;
@@ -268,6 +299,10 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
   info.set_error(handle->error());
   info.set_seed(spec.seed);
   info.set_rng(spec.rng);
+  info.set_session(spec.session);
+  if (spec.session.empty() && spec.ttl != absl::InfiniteDuration()) {
+    *info.mutable_lease_expires_at() = ToProto(handle->lease_expiry());
+  }
   const std::string& device =
       state == v1::HANDLE_STATE_READY ? spec.device : std::string("meta");
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
@@ -319,6 +354,25 @@ v1::ListHandlesResponse Engine::ListHandles(const Caller& caller) const {
   return response;
 }
 
+absl::StatusOr<v1::RenewResponse> Engine::Renew(
+    const Caller& caller, const v1::RenewRequest& request) {
+  // Get renews the lease of the caller's handle.
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
+                   registry_->Get(caller.identity, request.handle()));
+  v1::RenewResponse response;
+  if (!handle->spec().session.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handle ", handle->id(), " is bound to session ",
+        handle->spec().session,
+        ", which keeps it alive; only handles outside a session have a "
+        "lease to renew"));
+  }
+  if (handle->spec().ttl != absl::InfiniteDuration()) {
+    *response.mutable_lease_expires_at() = ToProto(handle->lease_expiry());
+  }
+  return response;
+}
+
 v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
   const memory::PoolSnapshot snapshot = pool_->Snapshot();
   v1::GetStatsResponse response;
@@ -331,14 +385,35 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
     out->set_peak_bytes(device.usage.peak_bytes);
     out->set_handles(device.usage.handles);
   }
-  if (auto it = snapshot.clients.find(caller.identity);
-      it != snapshot.clients.end()) {
+  auto limit = [](uint64_t bytes) {
+    return bytes == memory::kNoByteLimit ? 0 : bytes;
+  };
+  for (const auto& [client, usage] : snapshot.clients) {
+    if (!caller.admin && client != caller.identity) continue;
     v1::ClientStats* out = response.add_clients();
-    out->set_client(it->first);
-    out->set_reserved_bytes(it->second.reserved_bytes);
-    out->set_in_use_bytes(it->second.in_use_bytes);
-    out->set_peak_bytes(it->second.peak_bytes);
-    out->set_handles(it->second.handles);
+    const memory::Quota& quota = pool_->quotas().For(client);
+    out->set_client(client);
+    out->set_reserved_bytes(usage.total.reserved_bytes);
+    out->set_in_use_bytes(usage.total.in_use_bytes);
+    out->set_peak_bytes(usage.total.peak_bytes);
+    out->set_handles(usage.total.handles);
+    out->set_quota_total_bytes(limit(quota.total_bytes));
+    out->set_quota_handles(
+        quota.handles == memory::kNoHandleLimit ? 0 : quota.handles);
+    for (size_t i = 0; i < usage.per_device.size(); ++i) {
+      const memory::Usage& on_device = usage.per_device[i];
+      v1::ClientDeviceStats* d = out->add_devices();
+      d->set_device(snapshot.devices[i].device.name);
+      d->set_reserved_bytes(on_device.reserved_bytes);
+      d->set_in_use_bytes(on_device.in_use_bytes);
+      d->set_peak_bytes(on_device.peak_bytes);
+      d->set_handles(on_device.handles);
+      d->set_quota_bytes(limit(quota.BytesOn(snapshot.devices[i].device.name)));
+    }
+    if (options_.sessions != nullptr) {
+      out->set_sessions(
+          static_cast<uint32_t>(options_.sessions->CountFor(client)));
+    }
   }
   response.set_reserved_bytes(snapshot.total.reserved_bytes);
   response.set_in_use_bytes(snapshot.total.in_use_bytes);

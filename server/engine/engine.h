@@ -13,6 +13,7 @@
 // is dropped (returning its bytes) and the handle is unregistered (or, for
 // an async request, marked FAILED holding nothing).
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,7 @@
 #include "server/delivery/weight_stream.h"
 #include "server/memory/pool.h"
 #include "server/registry/registry.h"
+#include "server/registry/session.h"
 
 namespace materializer::engine {
 
@@ -29,6 +31,20 @@ namespace materializer::engine {
 // from a request field.
 struct Caller {
   std::string identity;
+  // The session the call names (metadata "x-materializer-session"), or "".
+  std::string session;
+  // Admins see every client in GetStats.
+  bool admin = false;
+};
+
+struct EngineOptions {
+  // Sessions that handles can be bound to; null: calls naming a session
+  // fail.
+  registry::SessionTable* sessions = nullptr;
+  // Lease of a handle created outside a session when the request sets no
+  // ttl; and the longest ttl a request may ask for.
+  absl::Duration default_ttl = absl::Hours(1);
+  absl::Duration max_ttl = absl::Hours(24 * 30);
 };
 
 // Thread-safe. The pool, registry and worker pool must outlive the engine;
@@ -37,7 +53,7 @@ struct Caller {
 class Engine {
  public:
   Engine(memory::DevicePool* pool, registry::HandleRegistry* registry,
-         ThreadPool* workers);
+         ThreadPool* workers, EngineOptions options = EngineOptions());
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -45,8 +61,11 @@ class Engine {
   absl::StatusOr<v1::PlanResponse> Plan(const Caller& caller,
                                         const v1::PlanRequest& request) const;
 
+  // `cancelled` (optional) is polled during init of a synchronous request:
+  // once the caller has gone away the work stops and rolls back.
   absl::StatusOr<v1::MaterializeResponse> Materialize(
-      const Caller& caller, const v1::MaterializeRequest& request);
+      const Caller& caller, const v1::MaterializeRequest& request,
+      const std::function<bool()>& cancelled = nullptr);
 
   absl::StatusOr<v1::HandleInfo> Describe(
       const Caller& caller, const v1::DescribeRequest& request) const;
@@ -59,6 +78,10 @@ class Engine {
   absl::StatusOr<v1::ReleaseResponse> Release(
       const Caller& caller, const v1::ReleaseRequest& request);
 
+  // Renews the lease of a handle outside a session.
+  absl::StatusOr<v1::RenewResponse> Renew(const Caller& caller,
+                                          const v1::RenewRequest& request);
+
   v1::ListHandlesResponse ListHandles(const Caller& caller) const;
 
   v1::GetStatsResponse GetStats(const Caller& caller) const;
@@ -67,6 +90,7 @@ class Engine {
   memory::DevicePool* const pool_;
   registry::HandleRegistry* const registry_;
   ThreadPool* const workers_;
+  const EngineOptions options_;
 };
 
 }  // namespace materializer::engine

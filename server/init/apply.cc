@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -75,7 +76,8 @@ std::vector<Task> MakeTasks(const std::vector<spec::TensorDesc>& tensors,
 // after every thread has stopped.
 template <typename Work>
 void ForEachTaskInParallel(const std::vector<Task>& tasks, int threads,
-                           Work work) {
+                           const std::function<bool()>& cancelled,
+                           std::atomic<bool>& stopped, Work work) {
   if (tasks.empty()) return;
   std::vector<size_t> order(tasks.size());
   std::iota(order.begin(), order.end(), 0);
@@ -89,6 +91,10 @@ void ForEachTaskInParallel(const std::vector<Task>& tasks, int threads,
   auto run = [&] {
     UseOneKernelThreadHere();
     while (!failed.load(std::memory_order_relaxed)) {
+      if (cancelled != nullptr && cancelled()) {
+        stopped.store(true);
+        return;
+      }
       const size_t k = next.fetch_add(1);
       if (k >= order.size()) return;
       try {
@@ -114,7 +120,8 @@ void ForEachTaskInParallel(const std::vector<Task>& tasks, int threads,
 
 absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
                         const std::vector<ResolvedInit>& inits, uint64_t seed,
-                        v1::RngMode rng, memory::Arena& arena) {
+                        v1::RngMode rng, memory::Arena& arena,
+                        const std::function<bool()>& cancelled) {
   if (inits.size() != tensors.size() || arena.num_tensors() != tensors.size()) {
     return absl::InternalError("init: tensor, init and arena counts differ");
   }
@@ -128,8 +135,10 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
 
   // Each task has its own generator(s), so the result does not depend on
   // which thread runs it or in which order.
-  return GuardTorch("initializing tensors", [&] {
-    ForEachTaskInParallel(tasks, at::get_num_threads(), [&](const Task& task) {
+  std::atomic<bool> stopped{false};
+  absl::Status status = GuardTorch("initializing tensors", [&] {
+    ForEachTaskInParallel(tasks, at::get_num_threads(), cancelled, stopped,
+                          [&](const Task& task) {
       if (task.module != nullptr) {
         const at::Device device = arena.tensors().storage.device();
         FillModule(*task.module, views, device,
@@ -152,6 +161,12 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
       Fill(view, scheme, generator, permutations);
     });
   });
+  if (status.ok() && stopped.load()) {
+    return absl::CancelledError(
+        "materialization cancelled: the caller went away before every "
+        "tensor was initialized");
+  }
+  return status;
 }
 
 }  // namespace materializer::init

@@ -17,6 +17,7 @@
 // reproducible.
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -30,9 +31,13 @@ namespace materializer::init {
 // The mode RNG_MODE_UNSPECIFIED stands for.
 inline constexpr v1::RngMode kDefaultRngMode = v1::RNG_MODE_TORCH;
 
+// `cancelled`, when set, is polled between tasks: once it returns true no
+// further task starts and the result is CANCELLED (the caller then drops the
+// arena).
 absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
                         const std::vector<ResolvedInit>& inits, uint64_t seed,
-                        v1::RngMode rng, memory::Arena& arena);
+                        v1::RngMode rng, memory::Arena& arena,
+                        const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace materializer::init
 

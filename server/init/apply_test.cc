@@ -460,5 +460,35 @@ TEST(ApplyInitsTest, LeavesTheCallersKernelThreadCountAlone) {
   EXPECT_EQ(get_max_threads(), before);
 }
 
+TEST(ApplyInitsCancelTest, CancelledBeforeTheFirstTaskIsCancelled) {
+  memory::DeviceConfig cpu;
+  cpu.name = "cpu";
+  cpu.capacity_bytes = uint64_t{1} << 30;
+  auto pool = memory::DevicePool::Create({cpu}).value();
+  v1::ModelSpec model;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
+    tensors { name: "a" shape: [ 1000 ] dtype: "float32" }
+    tensors { name: "b" shape: [ 1000 ] dtype: "float32" }
+    init_rules {
+      pattern: "*"
+      init { normal {} }
+    }
+  )pb", &model));
+  auto tensors = spec::ValidateTensors(model).value();
+  auto resolution = ResolveInits(model, tensors).value();
+  auto layout = spec::ComputeLayout(tensors).value();
+  auto arena = memory::Arena::Allocate(
+                   pool->Reserve("t", "cpu", layout.arena_bytes).value(),
+                   tensors, layout)
+                   .value();
+  EXPECT_EQ(ApplyInits(tensors, resolution.inits, 1, v1::RNG_MODE_TORCH,
+                       *arena, [] { return true; })
+                .code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_TRUE(ApplyInits(tensors, resolution.inits, 1, v1::RNG_MODE_TORCH,
+                         *arena, [] { return false; })
+                  .ok());
+}
+
 }  // namespace
 }  // namespace materializer::init

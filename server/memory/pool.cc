@@ -288,7 +288,7 @@ PoolSnapshot DevicePool::Snapshot() const {
         usage.handles == 0) {
       continue;
     }
-    snapshot.clients.emplace(client, usage);
+    snapshot.clients.emplace(client, ClientUsage{usage, ledger.per_device});
   }
   snapshot.total = total_;
   return snapshot;

@@ -43,9 +43,14 @@ struct DeviceUsage {
   Usage usage;
 };
 
+struct ClientUsage {
+  Usage total;
+  std::vector<Usage> per_device;  // pool order
+};
+
 struct PoolSnapshot {
-  std::vector<DeviceUsage> devices;   // pool order
-  std::map<std::string, Usage> clients;  // clients holding anything
+  std::vector<DeviceUsage> devices;          // pool order
+  std::map<std::string, ClientUsage> clients;  // clients holding anything
   Usage total;
 };
 

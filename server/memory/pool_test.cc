@@ -45,7 +45,7 @@ TEST(DevicePoolTest, ReserveCommitFreeMovesBytesThroughTheLedger) {
     PoolSnapshot s = pool->Snapshot();
     EXPECT_EQ(s.devices[0].usage.reserved_bytes, 300u);
     EXPECT_EQ(s.devices[0].usage.in_use_bytes, 0u);
-    EXPECT_EQ(s.clients.at("alice").reserved_bytes, 300u);
+    EXPECT_EQ(s.clients.at("alice").total.reserved_bytes, 300u);
     EXPECT_EQ(pool->FreeBytes(0), 700u);
 
     Allocation a = std::move(r).Commit();
@@ -53,7 +53,7 @@ TEST(DevicePoolTest, ReserveCommitFreeMovesBytesThroughTheLedger) {
     EXPECT_EQ(s.devices[0].usage.reserved_bytes, 0u);
     EXPECT_EQ(s.devices[0].usage.in_use_bytes, 300u);
     EXPECT_EQ(s.devices[0].usage.handles, 1u);
-    EXPECT_EQ(s.clients.at("alice").in_use_bytes, 300u);
+    EXPECT_EQ(s.clients.at("alice").total.in_use_bytes, 300u);
     EXPECT_EQ(s.total.in_use_bytes, 300u);
     EXPECT_EQ(pool->FreeBytes(0), 700u);
   }
@@ -160,7 +160,7 @@ TEST(DevicePoolQuotaTest, TotalQuotaIsEnforcedWithFiguresAndNoChange) {
                        AllOf(HasSubstr("needs 300 B (300 bytes)"),
                              HasSubstr("already holds 300 B (300 bytes)"),
                              HasSubstr("500 B (500 bytes) total quota"))));
-  EXPECT_EQ(pool->Snapshot().clients.at("alice").reserved_bytes, 300u);
+  EXPECT_EQ(pool->Snapshot().clients.at("alice").total.reserved_bytes, 300u);
   EXPECT_EQ(pool->AvailableTo("alice", 1), 200u);
   // Bob has no quota: the devices' free bytes are the limit.
   EXPECT_EQ(pool->AvailableTo("bob", 1), 1000u);

@@ -23,11 +23,13 @@ SessionTable::SessionTable(HandleRegistry* registry, absl::Duration grace)
 
 SessionTable::Attached SessionTable::Open(absl::string_view owner,
                                           absl::Time /*now*/) {
-  Attached attached{NewId("s"), NewId("r")};
+  Attached attached{NewId("s"), NewId("r"), /*generation=*/1,
+                    /*resumed=*/false};
   absl::MutexLock lock(&mu_);
   sessions_.emplace(attached.session_id,
                     Session{std::string(owner), attached.resume_token,
-                            /*attached=*/true, absl::InfinitePast()});
+                            /*attached=*/true, absl::InfinitePast(),
+                            /*generation=*/1});
   by_token_.emplace(attached.resume_token, attached.session_id);
   return attached;
 }
@@ -57,14 +59,20 @@ absl::StatusOr<SessionTable::Attached> SessionTable::Resume(
         " is attached to another stream; a session has one stream at a time"));
   }
   session.attached = true;
-  return Attached{it->first, session.resume_token};
+  session.generation += 1;
+  return Attached{it->first, session.resume_token, session.generation,
+                  /*resumed=*/true};
 }
 
-void SessionTable::Detach(absl::string_view session_id, absl::Time now) {
+void SessionTable::Detach(absl::string_view session_id, uint64_t generation,
+                          absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
-    if (it == sessions_.end() || !it->second.attached) return;
+    if (it == sessions_.end() || !it->second.attached ||
+        it->second.generation != generation) {
+      return;
+    }
     it->second.attached = false;
     it->second.detached_at = now;
     if (grace_ > absl::ZeroDuration()) return;
@@ -108,6 +116,13 @@ int SessionTable::Reap(absl::Time now) {
   }
   for (const std::string& id : ended) registry_->ReleaseSession(id);
   return static_cast<int>(ended.size());
+}
+
+size_t SessionTable::CountFor(absl::string_view owner) const {
+  absl::MutexLock lock(&mu_);
+  size_t count = 0;
+  for (const auto& [id, session] : sessions_) count += session.owner == owner;
+  return count;
 }
 
 size_t SessionTable::size() const {

@@ -36,6 +36,10 @@ class SessionTable {
     // Presented by a new Attach stream to take the session over within the
     // grace period.
     std::string resume_token;
+    // Which attachment this is: a stream that ended after the session was
+    // resumed elsewhere must not detach the newer stream.
+    uint64_t generation = 0;
+    bool resumed = false;
   };
 
   SessionTable(HandleRegistry* registry, absl::Duration grace);
@@ -55,10 +59,12 @@ class SessionTable {
                                   absl::string_view resume_token,
                                   absl::Time now);
 
-  // The session's stream ended. With a zero grace period its handles are
-  // released before this returns; otherwise at the first Reap after
-  // now + grace unless it is resumed first.
-  void Detach(absl::string_view session_id, absl::Time now);
+  // The stream of attachment `generation` ended. With a zero grace period
+  // the session's handles are released before this returns; otherwise at
+  // the first Reap after now + grace unless it is resumed first. A stale
+  // generation (the session was resumed on another stream) changes nothing.
+  void Detach(absl::string_view session_id, uint64_t generation,
+              absl::Time now);
 
   // Runs `bind` (which registers a handle bound to the session) only if
   // `session_id` is a live session of `owner`, and keeps the session from
@@ -73,8 +79,9 @@ class SessionTable {
   // their handles. Returns how many sessions ended.
   int Reap(absl::Time now);
 
-  // Live (attached or in grace) sessions.
+  // Live (attached or in grace) sessions, in all and of one owner.
   size_t size() const;
+  size_t CountFor(absl::string_view owner) const;
 
  private:
   struct Session {
@@ -82,6 +89,7 @@ class SessionTable {
     std::string resume_token;
     bool attached = true;
     absl::Time detached_at;
+    uint64_t generation = 0;
   };
 
   // Removes the session (mu_ held) and returns its id for release.

@@ -38,7 +38,7 @@ TEST(SessionTableTest, HandlesGoWhenTheGracePeriodEnds) {
   registry.Create(unbound);
   ASSERT_EQ(registry.size(), 3u);
 
-  sessions.Detach(a.session_id, kT0);
+  sessions.Detach(a.session_id, a.generation, kT0);
   EXPECT_EQ(sessions.Reap(kT0 + absl::Seconds(4)), 0);
   EXPECT_EQ(registry.size(), 3u);
   EXPECT_EQ(sessions.Reap(kT0 + absl::Seconds(5)), 1);
@@ -56,11 +56,14 @@ TEST(SessionTableTest, ResumeWithinGraceKeepsTheHandles) {
   SessionTable sessions(&registry, absl::Seconds(5));
   SessionTable::Attached a = sessions.Open("alice", kT0);
   Bind(sessions, registry, "alice", a.session_id);
-  sessions.Detach(a.session_id, kT0);
+  sessions.Detach(a.session_id, a.generation, kT0);
   ASSERT_OK_AND_ASSIGN(
       SessionTable::Attached again,
       sessions.Resume("alice", a.resume_token, kT0 + absl::Seconds(3)));
   EXPECT_EQ(again.session_id, a.session_id);
+  EXPECT_TRUE(again.resumed);
+  // The old stream's late end does not detach the new one.
+  sessions.Detach(a.session_id, a.generation, kT0 + absl::Seconds(4));
   EXPECT_EQ(sessions.Reap(kT0 + absl::Seconds(60)), 0);  // attached again
   EXPECT_EQ(registry.size(), 1u);
 }
@@ -73,7 +76,7 @@ TEST(SessionTableTest, ResumeRefusals) {
   EXPECT_THAT(sessions.Resume("alice", a.resume_token, kT0).status(),
               StatusIs(absl::StatusCode::kAlreadyExists,
                        HasSubstr("attached to another stream")));
-  sessions.Detach(a.session_id, kT0);
+  sessions.Detach(a.session_id, a.generation, kT0);
   // Another client's token does not exist for bob.
   EXPECT_THAT(sessions.Resume("bob", a.resume_token, kT0).status(),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
@@ -90,7 +93,7 @@ TEST(SessionTableTest, ZeroGraceReleasesOnDetach) {
   SessionTable sessions(&registry, absl::ZeroDuration());
   SessionTable::Attached a = sessions.Open("alice", kT0);
   Bind(sessions, registry, "alice", a.session_id);
-  sessions.Detach(a.session_id, kT0);
+  sessions.Detach(a.session_id, a.generation, kT0);
   EXPECT_EQ(registry.size(), 0u);
   EXPECT_EQ(sessions.size(), 0u);
 }

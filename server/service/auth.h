@@ -2,33 +2,92 @@
 #define MATERIALIZER_SERVER_SERVICE_AUTH_H_
 
 // Who is calling. Identity comes from the transport's authentication,
-// never from a request field.
+// never from a request field:
 //
-// Today's one mode is an explicit development mode for loopback only: the
-// client names itself in the call metadata key `x-materializer-client`.
-// The server refuses to start this mode on a non-loopback address unless
-// told otherwise, and logs a warning either way.
+//   - bearer token (TLS): the "authorization: Bearer <token>" metadata is
+//     checked against a token file by an AuthMetadataProcessor before any
+//     handler runs; the token's client name becomes the peer identity.
+//   - mTLS: the client certificate, verified against the client CA; the
+//     identity is its first subject alternative name, else its common name.
+//   - development mode (no TLS): the client names itself in the
+//     "x-materializer-client" metadata. Loopback only unless explicitly
+//     allowed, and logged as insecure.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Authenticator> auth,
+//                    Authenticator::Create(options));
+//   builder.AddListeningPort(address, auth->ServerCredentials());
+//   ASSIGN_OR_RETURN(engine::Caller caller, auth->Authenticate(context));
 
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
 #include "server/engine/engine.h"
 
 namespace materializer::service {
 
 inline constexpr char kClientMetadataKey[] = "x-materializer-client";
+inline constexpr char kSessionMetadataKey[] = "x-materializer-session";
 inline constexpr char kAnonymous[] = "anonymous";
+// Auth context property the token processor sets.
+inline constexpr char kTokenIdentityProperty[] = "materializer_client";
 
-// Thread-safe (stateless).
+struct AuthOptions {
+  // TLS: server certificate chain and key (PEM files). Without them the
+  // server runs the development mode.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // mTLS: CA bundle that client certificates must chain to. Requires TLS;
+  // clients without a valid certificate fail the handshake.
+  std::string client_ca_file;
+  // Bearer tokens: lines "<token> <client name>" ('#' starts a comment).
+  // Requires TLS (tokens never cross the network in plaintext).
+  std::string token_file;
+  // Identities that may see every client's stats.
+  std::vector<std::string> admin_clients;
+};
+
+// Thread-safe; immutable after Create.
 class Authenticator {
  public:
-  // UNAUTHENTICATED if the claimed name is malformed (1..128 characters of
-  // [A-Za-z0-9._@:+-]).
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
+      const AuthOptions& options);
+
+  // The credentials to listen with (TLS, with the token processor
+  // attached, or insecure for the development mode).
+  std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
+
+  // True for the development mode (identity from metadata).
+  bool insecure() const { return insecure_; }
+
+  // A one-line description for the startup log.
+  std::string Describe() const;
+
+  // The caller of this call. UNAUTHENTICATED if the transport carries no
+  // identity or the claimed development-mode name is malformed.
   absl::StatusOr<engine::Caller> Authenticate(
       const grpc::CallbackServerContext& context) const;
+
+ private:
+  Authenticator() = default;
+
+  bool insecure_ = true;
+  bool mtls_ = false;
+  bool tokens_ = false;
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+  absl::flat_hash_set<std::string> admins_;
 };
+
+// Parses a token file ("<token> <client name>" per line). INVALID_ARGUMENT
+// naming the line for malformed lines, bad names or repeated tokens.
+absl::StatusOr<absl::flat_hash_map<std::string, std::string>> ParseTokenFile(
+    absl::string_view text);
 
 // The reason `name` is not an acceptable client name, or "".
 std::string ClientNameProblem(absl::string_view name);

@@ -28,3 +28,45 @@ TEST(IsLoopbackAddressTest, RecognisesLoopbackForms) {
 
 }  // namespace
 }  // namespace materializer::service
+
+namespace materializer::service {
+namespace {
+
+TEST(ParseTokenFileTest, ParsesTokensAndNamesBadLines) {
+  auto tokens = ParseTokenFile(
+      "# ops tokens\n"
+      "0123456789abcdef0123 trainer-a\n"
+      "\n"
+      "fedcba9876543210fedc  ci  # the CI bot\n");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->size(), 2u);
+  EXPECT_EQ(tokens->at("0123456789abcdef0123"), "trainer-a");
+  EXPECT_EQ(tokens->at("fedcba9876543210fedc"), "ci");
+
+  EXPECT_FALSE(ParseTokenFile("").ok());
+  auto short_token = ParseTokenFile("abc trainer\n");
+  ASSERT_FALSE(short_token.ok());
+  EXPECT_NE(short_token.status().message().find("line 1"), std::string::npos);
+  auto bad_name = ParseTokenFile("0123456789abcdef0123 bad/name\n");
+  EXPECT_FALSE(bad_name.ok());
+  auto repeated = ParseTokenFile(
+      "0123456789abcdef0123 a\n0123456789abcdef0123 b\n");
+  ASSERT_FALSE(repeated.ok());
+  EXPECT_NE(repeated.status().message().find("line 2"), std::string::npos);
+  EXPECT_FALSE(ParseTokenFile("0123456789abcdef0123\n").ok());
+}
+
+TEST(AuthenticatorTest, TokensAndClientCasNeedTls) {
+  AuthOptions options;
+  options.token_file = "/nonexistent";
+  EXPECT_FALSE(Authenticator::Create(options).ok());
+  options = AuthOptions();
+  options.client_ca_file = "/nonexistent";
+  EXPECT_FALSE(Authenticator::Create(options).ok());
+  auto insecure = Authenticator::Create(AuthOptions());
+  ASSERT_TRUE(insecure.ok());
+  EXPECT_TRUE((*insecure)->insecure());
+}
+
+}  // namespace
+}  // namespace materializer::service

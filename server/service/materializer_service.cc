@@ -4,14 +4,20 @@
 #include <utility>
 
 #include "server/common/log.h"
+#include "server/service/attach_reactor.h"
 #include "server/service/fetch_reactor.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
 
 MaterializerService::MaterializerService(engine::Engine* engine,
-                                         ThreadPool* workers)
-    : engine_(engine), workers_(workers) {}
+                                         ThreadPool* workers,
+                                         const Authenticator* authenticator,
+                                         registry::SessionTable* sessions)
+    : engine_(engine),
+      workers_(workers),
+      authenticator_(authenticator),
+      sessions_(sessions) {}
 
 template <typename Response, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
@@ -19,7 +25,7 @@ grpc::ServerUnaryReactor* MaterializerService::Unary(
     Call call) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<engine::Caller> caller =
-      authenticator_.Authenticate(*context);
+      authenticator_->Authenticate(*context);
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
@@ -52,8 +58,10 @@ grpc::ServerUnaryReactor* MaterializerService::Materialize(
     const v1::MaterializeRequest* request,
     v1::MaterializeResponse* response) {
   return Unary(context, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Materialize(caller, *request);
+               [this, request, context](const engine::Caller& caller) {
+                 // Stop initializing, and roll back, once the caller is gone.
+                 return engine_->Materialize(
+                     caller, *request, [context] { return context->IsCancelled(); });
                });
 }
 
@@ -69,7 +77,7 @@ grpc::ServerUnaryReactor* MaterializerService::Describe(
 grpc::ServerWriteReactor<v1::WeightChunk>* MaterializerService::FetchWeights(
     grpc::CallbackServerContext* context, const v1::FetchRequest* request) {
   absl::StatusOr<engine::Caller> caller =
-      authenticator_.Authenticate(*context);
+      authenticator_->Authenticate(*context);
   if (!caller.ok()) return StartFetch(caller.status());
   return StartFetch(engine_->OpenFetch(*caller, *request));
 }
@@ -102,6 +110,23 @@ grpc::ServerUnaryReactor* MaterializerService::GetStats(
                [this](const engine::Caller& caller)
                    -> absl::StatusOr<v1::GetStatsResponse> {
                  return engine_->GetStats(caller);
+               });
+}
+
+grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>*
+MaterializerService::Attach(grpc::CallbackServerContext* context) {
+  absl::StatusOr<engine::Caller> caller =
+      authenticator_->Authenticate(*context);
+  if (!caller.ok()) return RefuseAttach(caller.status());
+  return StartAttach(sessions_, std::move(*caller));
+}
+
+grpc::ServerUnaryReactor* MaterializerService::Renew(
+    grpc::CallbackServerContext* context, const v1::RenewRequest* request,
+    v1::RenewResponse* response) {
+  return Unary(context, response, /*offload=*/false,
+               [this, request](const engine::Caller& caller) {
+                 return engine_->Renew(caller, *request);
                });
 }
 

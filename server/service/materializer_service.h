@@ -9,6 +9,7 @@
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
+#include "server/registry/session.h"
 #include "server/service/auth.h"
 
 namespace materializer::service {
@@ -17,7 +18,11 @@ namespace materializer::service {
 // serves this service.
 class MaterializerService final : public v1::Materializer::CallbackService {
  public:
-  MaterializerService(engine::Engine* engine, ThreadPool* workers);
+  // All must outlive the gRPC server that serves this service; `sessions`
+  // may be null (no sessions).
+  MaterializerService(engine::Engine* engine, ThreadPool* workers,
+                      const Authenticator* authenticator,
+                      registry::SessionTable* sessions);
 
   grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
                                  const v1::PlanRequest* request,
@@ -42,6 +47,11 @@ class MaterializerService final : public v1::Materializer::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* Attach(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Renew(grpc::CallbackServerContext* context,
+                                  const v1::RenewRequest* request,
+                                  v1::RenewResponse* response) override;
 
  private:
   // Authenticates, then runs `call(caller)` -> StatusOr<Response> inline or
@@ -53,7 +63,8 @@ class MaterializerService final : public v1::Materializer::CallbackService {
 
   engine::Engine* const engine_;
   ThreadPool* const workers_;
-  const Authenticator authenticator_{};
+  const Authenticator* const authenticator_;
+  registry::SessionTable* const sessions_;
 };
 
 }  // namespace materializer::service

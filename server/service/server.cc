@@ -19,6 +19,7 @@
 #include "server/common/units.h"
 #include "server/engine/engine.h"
 #include "server/registry/registry.h"
+#include "server/registry/session.h"
 #include "server/service/auth.h"
 #include "server/service/materializer_service.h"
 
@@ -62,12 +63,17 @@ absl::StatusOr<memory::QuotaBook> LoadQuotas(const ServerOptions& options) {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {
-  if (!IsLoopbackAddress(options.listen) && !options.allow_insecure_remote) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Authenticator> authenticator,
+                   Authenticator::Create(options.auth));
+  if (authenticator->insecure() && !IsLoopbackAddress(options.listen) &&
+      !options.allow_insecure_remote) {
     return absl::FailedPreconditionError(absl::StrCat(
         "refusing to listen on ", options.listen,
-        ": client identity would come from unauthenticated metadata. Listen "
-        "on a loopback address, or pass --allow_insecure_remote where every "
-        "peer that can reach the port is trusted"));
+        ": without TLS client authentication, client identity would come "
+        "from unauthenticated metadata. Configure --tls_cert/--tls_key with "
+        "--tls_client_ca or --token_file, listen on a loopback address, or "
+        "pass --allow_insecure_remote where every peer that can reach the "
+        "port is trusted"));
   }
   ASSIGN_OR_RETURN(std::vector<memory::DeviceConfig> devices,
                    memory::ConfigureDevices(options.pool));
@@ -77,23 +83,44 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   ASSIGN_OR_RETURN(server->pool_,
                    memory::DevicePool::Create(devices, std::move(quotas)));
   server->registry_ = std::make_unique<registry::HandleRegistry>();
+  server->sessions_ = std::make_unique<registry::SessionTable>(
+      server->registry_.get(), options.session_grace);
+  server->authenticator_ = std::move(authenticator);
   const int workers =
       options.workers > 0
           ? options.workers
           : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   server->workers_ = std::make_unique<ThreadPool>(workers);
+  engine::EngineOptions engine_options;
+  engine_options.sessions = server->sessions_.get();
+  engine_options.default_ttl = options.default_ttl;
   server->engine_ = std::make_unique<engine::Engine>(
-      server->pool_.get(), server->registry_.get(), server->workers_.get());
+      server->pool_.get(), server->registry_.get(), server->workers_.get(),
+      engine_options);
   server->service_ = std::make_unique<MaterializerService>(
-      server->engine_.get(), server->workers_.get());
+      server->engine_.get(), server->workers_.get(),
+      server->authenticator_.get(), server->sessions_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(options.listen,
+                           server->authenticator_->ServerCredentials(),
                            &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Keepalive: the server pings an idle connection every 10 s and drops it
+  // after 10 s without an answer, so a silently dead peer (and the session
+  // it holds) is noticed within 20 s. Clients may ping as often as every
+  // 5 s, even without calls in flight (an idle Attach stream is the
+  // normal state of a lease), and are never cut off for pinging.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.RegisterService(server->service_.get());
   server->grpc_server_ = builder.BuildAndStart();
   if (server->grpc_server_ == nullptr || server->port_ == 0) {
@@ -121,11 +148,39 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   MLOG(INFO) << "serving " << kServiceName << " on " << server->address_
              << " with devices " << absl::StrJoin(summary, ", ") << ", "
              << workers << " workers";
-  MLOG(WARNING) << "INSECURE development mode: client identity is taken from "
-                   "the '"
-                << kClientMetadataKey
-                << "' call metadata without authentication";
+  if (server->authenticator_->insecure()) {
+    MLOG(WARNING) << server->authenticator_->Describe();
+  } else {
+    MLOG(INFO) << "authentication: " << server->authenticator_->Describe();
+  }
+  MLOG(INFO) << "sessions outlive their stream by "
+             << absl::FormatDuration(options.session_grace)
+             << "; handles outside a session are leased for "
+             << absl::FormatDuration(options.default_ttl) << " by default";
+  server->reaper_ = std::thread(
+      [raw = server.get(), interval = options.reap_interval] {
+        raw->ReapLoop(interval);
+      });
   return server;
+}
+
+void Server::ReapLoop(absl::Duration interval) {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_reaper_), interval)) {
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (int ended = sessions_->Reap(now); ended > 0) {
+      MLOG(INFO) << "ended " << ended
+                 << " session(s) past their grace period";
+    }
+    for (const std::string& id : registry_->ReleaseExpired(now)) {
+      MLOG(INFO) << "released " << id << ": its lease lapsed";
+    }
+  }
 }
 
 Server::~Server() { Shutdown(absl::Seconds(5)); }
@@ -144,15 +199,23 @@ void Server::Shutdown(absl::Duration deadline) {
     }
     shutting_down_ = true;
   }
-  if (grpc::HealthCheckServiceInterface* health =
-          grpc_server_->GetHealthCheckService()) {
-    health->Shutdown();
+  // grpc_server_ is null when Start failed half way.
+  if (grpc_server_ != nullptr) {
+    if (grpc::HealthCheckServiceInterface* health =
+            grpc_server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
+    grpc_server_->Shutdown(
+        std::chrono::system_clock::now() +
+        std::chrono::microseconds(absl::ToInt64Microseconds(deadline)));
   }
-  grpc_server_->Shutdown(
-      std::chrono::system_clock::now() +
-      std::chrono::microseconds(absl::ToInt64Microseconds(deadline)));
+  {
+    absl::MutexLock lock(&mu_);
+    stop_reaper_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
   workers_.reset();  // finishes queued and async work
-  MLOG(INFO) << "shut down";
+  if (grpc_server_ != nullptr) MLOG(INFO) << "shut down";
   absl::MutexLock lock(&mu_);
   shut_down_ = true;
 }

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "server/memory/device.h"
 #include "server/memory/pool.h"
+#include "server/service/auth.h"
 
 namespace grpc {
 class Server;
@@ -31,6 +33,7 @@ class Engine;
 }
 namespace registry {
 class HandleRegistry;
+class SessionTable;
 }
 namespace service {
 class MaterializerService;
@@ -50,10 +53,18 @@ struct ServerOptions {
   // Threads for Plan/Materialize/Release and async materializations;
   // 0 means one per hardware thread (at least 2).
   int workers = 0;
-  // The only authentication mode so far takes the client's name from
-  // metadata; that is safe only where every peer is trusted. Serving it on a
-  // non-loopback address must be asked for explicitly.
+  // Authentication (TLS with client certificates and/or bearer tokens, or
+  // the development mode). The development mode takes the client's name
+  // from metadata, which is safe only where every peer is trusted; serving
+  // it on a non-loopback address must be asked for explicitly.
+  AuthOptions auth;
   bool allow_insecure_remote = false;
+  // How long a session outlives its Attach stream (0: release at once).
+  absl::Duration session_grace = absl::Seconds(5);
+  // Lease of handles created outside a session, when the request sets none.
+  absl::Duration default_ttl = absl::Hours(1);
+  // How often ended sessions and lapsed leases are reaped.
+  absl::Duration reap_interval = absl::Milliseconds(200);
 };
 
 // Thread-safe.
@@ -71,6 +82,7 @@ class Server {
   int port() const { return port_; }
 
   memory::DevicePool& pool() { return *pool_; }
+  registry::HandleRegistry& registry() { return *registry_; }
 
   // Blocks until Shutdown() has completed.
   void Wait();
@@ -89,15 +101,22 @@ class Server {
   // state it uses.
   std::unique_ptr<memory::DevicePool> pool_;
   std::unique_ptr<registry::HandleRegistry> registry_;
+  std::unique_ptr<registry::SessionTable> sessions_;
+  std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<ThreadPool> workers_;
   std::unique_ptr<MaterializerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // Releases handles of ended sessions and lapsed leases.
+  std::thread reaper_;
+
+  void ReapLoop(absl::Duration interval);
 
   absl::Mutex mu_;
-  // Guards the two flags: a shutdown began / completed.
+  // Guards the flags: a shutdown began / completed, the reaper must stop.
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_reaper_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace service

@@ -1,0 +1,235 @@
+"""Starting materializerd for tests, and a small client around its stub.
+
+Builds nothing. Needs
+  MATERIALIZERD          server binary (default <repo>/bazel-bin/server/materializerd)
+  MATERIALIZER_PY_PROTO  generated Python code (default <repo>/bazel-bin/proto)
+Both come from `./dev test` (or `bazel build //server:materializerd
+//proto:materializer_py`).
+"""
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVER_BIN = os.environ.get(
+    "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd"))
+PY_PROTO = os.environ.get(
+    "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto"))
+
+STARTUP_TIMEOUT_S = 120
+SHUTDOWN_TIMEOUT_S = 30
+CLIENT_KEY = "x-materializer-client"
+LISTEN_RE = re.compile(r"^materializerd listening on (\S+)\s*$")
+
+
+def _import_protos():
+    pb2 = os.path.join(PY_PROTO, "materializer", "v1", "materializer_pb2.py")
+    if not os.path.exists(pb2):
+        pytest.fail(
+            f"generated Python protos not found at {pb2} "
+            "(set MATERIALIZER_PY_PROTO, or run `./dev test`, which builds "
+            "//proto:materializer_py)", pytrace=False)
+    if PY_PROTO not in sys.path:
+        sys.path.insert(0, PY_PROTO)
+    from materializer.v1 import materializer_pb2, materializer_pb2_grpc
+    return materializer_pb2, materializer_pb2_grpc
+
+
+class Server:
+    """A running materializerd plus a channel, a stub and small helpers."""
+
+    def __init__(self, address, pb, pb_grpc):
+        import grpc
+        from google.protobuf import json_format
+        self.grpc = grpc
+        self.json_format = json_format
+        self.pb = pb
+        self.address = address
+        # gRPC's default message limits on purpose: the largest fetch chunk
+        # must fit them.
+        self.channel = grpc.insecure_channel(address)
+        grpc.channel_ready_future(self.channel).result(timeout=30)
+        self.stub = pb_grpc.MaterializerStub(self.channel)
+
+    # -- identity -----------------------------------------------------------
+    @staticmethod
+    def md(client):
+        return None if client is None else ((CLIENT_KEY, client),)
+
+    # -- requests -----------------------------------------------------------
+    def parse_request(self, text, cls=None):
+        cls = cls or self.pb.MaterializeRequest
+        return self.json_format.Parse(text, cls())
+
+    def example(self, name):
+        with open(os.path.join(REPO, "examples", name), encoding="utf-8") as f:
+            return self.parse_request(f.read())
+
+    def materialize(self, req, client=None, timeout=300):
+        return self.stub.Materialize(req, metadata=self.md(client),
+                                     timeout=timeout)
+
+    def release(self, handle, client=None):
+        return self.stub.Release(self.pb.ReleaseRequest(handle=handle),
+                                 metadata=self.md(client), timeout=60)
+
+    def describe(self, handle, client=None):
+        return self.stub.Describe(self.pb.DescribeRequest(handle=handle),
+                                  metadata=self.md(client), timeout=60)
+
+    def stats(self, client=None):
+        return self.stub.GetStats(self.pb.GetStatsRequest(),
+                                  metadata=self.md(client), timeout=60)
+
+    def fetch_chunks(self, handle, client=None, **kw):
+        """Every WeightChunk of one FetchWeights call, as a list."""
+        req = self.pb.FetchRequest(handle=handle, **kw)
+        return list(self.stub.FetchWeights(req, metadata=self.md(client),
+                                           timeout=300))
+
+    def fetch(self, handle, client=None, **kw):
+        """The fetched bytes (from `offset`), checking the chunk framing."""
+        offset = kw.get("offset", 0)
+        chunks = self.fetch_chunks(handle, client, **kw)
+        assert chunks, "FetchWeights sent no chunk"
+        total = chunks[0].total_bytes
+        pos = offset
+        parts = []
+        for c in chunks:
+            assert c.offset == pos, (c.offset, pos)
+            assert c.total_bytes == total
+            parts.append(c.data)
+            pos += len(c.data)
+        assert pos == total, f"stream ended at {pos}, file is {total} bytes"
+        return b"".join(parts)
+
+    @contextlib.contextmanager
+    def handle(self, req, client=None):
+        """Materializes `req` and releases it on exit."""
+        resp = self.materialize(req, client)
+        try:
+            yield resp
+        finally:
+            self.release(resp.handle, client)
+
+    def assert_idle(self, client=None):
+        """Nothing reserved, in use or registered anywhere."""
+        s = self.stats(client)
+        assert s.reserved_bytes == 0, s
+        assert s.in_use_bytes == 0, s
+        assert s.handles == 0, s
+        assert s.devices, s
+        for d in s.devices:
+            assert d.reserved_bytes == 0, d
+            assert d.in_use_bytes == 0, d
+            assert d.handles == 0, d
+        for c in s.clients:
+            assert c.reserved_bytes == 0 and c.in_use_bytes == 0, c
+            assert c.handles == 0, c
+        return s
+
+
+def _reader(stream, q):
+    for line in iter(stream.readline, b""):
+        q.put(line.decode("utf-8", "replace"))
+    q.put(None)
+
+
+def _tail(path, n=40):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
+                   log_level="warning"):
+    """A materializerd on 127.0.0.1:0 with `extra_args`, as a Server; stopped
+    (SIGTERM, checked clean exit) on leaving the block."""
+    pb, pb_grpc = _import_protos()
+    if not os.path.exists(SERVER_BIN):
+        pytest.fail(
+            f"server binary not found at {SERVER_BIN}: run `./dev test` "
+            "(it builds //server:materializerd first), or set MATERIALIZERD",
+            pytrace=False)
+
+    log = tempfile.NamedTemporaryFile(prefix="materializerd-", suffix=".log",
+                                      delete=False)
+    cmd = [SERVER_BIN, "--listen=127.0.0.1:0", f"--devices={devices}",
+           f"--cpu_capacity={cpu_capacity}", f"--log_level={log_level}",
+           *extra_args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    lines = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, lines),
+                     daemon=True).start()
+
+    address = None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    stdout_seen = []
+    while address is None:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            pytest.fail(f"{' '.join(cmd)}: no 'listening' line within "
+                        f"{STARTUP_TIMEOUT_S} s; stderr:\n{_tail(log.name)}",
+                        pytrace=False)
+        if line is None:
+            rc = proc.wait()
+            pytest.fail(f"{' '.join(cmd)} exited with {rc} before listening; "
+                        f"stdout: {stdout_seen!r}\nstderr:\n{_tail(log.name)}",
+                        pytrace=False)
+        stdout_seen.append(line)
+        m = LISTEN_RE.match(line)
+        if m:
+            address = m.group(1)
+
+    srv = Server(address, pb, pb_grpc)
+    srv.proc = proc
+    srv.log_path = log.name
+    try:
+        yield srv
+    finally:
+        srv.channel.close()
+        crashed = proc.poll()
+        if crashed is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                pytest.fail(f"materializerd did not exit within "
+                            f"{SHUTDOWN_TIMEOUT_S} s of SIGTERM; stderr:\n"
+                            f"{_tail(log.name)}", pytrace=False)
+            if rc != 0:
+                pytest.fail(f"materializerd exited with {rc} on SIGTERM; "
+                            f"stderr:\n{_tail(log.name)}", pytrace=False)
+        else:
+            pytest.fail(f"materializerd died during the tests (rc {crashed}); "
+                        f"stderr:\n{_tail(log.name)}", pytrace=False)
+        extra = []
+        while True:  # drain stdout up to EOF (the reader thread's None)
+            try:
+                line = lines.get(timeout=5)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            extra.append(line)
+        # The contract is exactly one stdout line.
+        assert not extra, f"unexpected stdout from materializerd: {extra!r}"
+        os.unlink(log.name)
