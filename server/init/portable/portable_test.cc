@@ -280,8 +280,7 @@ std::string FillByBlocks(const PortableRequest& r) {
   absl::StatusOr<RunLayout> layout = MakeRunLayout(r.shape, box);
   EXPECT_THAT(layout, IsOk());
   std::string out(static_cast<size_t>(*PortableOutputBytes(r)), '\x77');
-  const int64_t per_run =
-      BlocksPerRun(*layout, kFormat == Format::kFloat64);
+  const int64_t per_run = BlocksPerRun(*layout, kFormat == Format::kFloat64);
   for (int64_t t = 0; t < layout->num_runs * per_run; ++t) {
     FillBoxBlock<kDist, kFormat>(
         *k, *layout, per_run, t,
