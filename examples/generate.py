@@ -63,16 +63,21 @@ def buffer(name, shape, dtype, module_type, persistent=True):
             "moduleType": module_type}
 
 
-def request(tensors, rules, label, seed=SEED):
+def request(tensors, rules, label, seed=SEED, rng=None):
+    """rng: None for the server's default (portable), or "RNG_MODE_TORCH"
+    for values bit for bit equal to torch.nn.init's."""
     names = [t["name"] for t in tensors]
     assert len(names) == len(set(names)), "duplicate tensor names"
+    model = {
+        "tensors": tensors,
+        "initRules": rules,
+        # uint64 is a JSON string in the proto3 mapping.
+        "seed": str(seed),
+    }
+    if rng is not None:
+        model["rng"] = rng
     return {
-        "model": {
-            "tensors": tensors,
-            "initRules": rules,
-            # uint64 is a JSON string in the proto3 mapping.
-            "seed": str(seed),
-        },
+        "model": model,
         "placement": {"device": "auto"},
         "label": label,
     }
@@ -164,13 +169,14 @@ def gpt2_small():
         rule("*.bias", zeros()),
         rule("*.weight", normal(0.0, 0.02)),
     ]
-    req = request(t, rules, "gpt2-small (124M)")
+    # Torch mode: the weights equal what GPT-2's own init code draws.
+    req = request(t, rules, "gpt2-small (124M)", rng="RNG_MODE_TORCH")
     assert count_params(req) == GPT2_PARAMS, count_params(req)
     return req
 
 
 def llama(label, vocab, hidden, intermediate, layers, heads, kv_heads, dt,
-          rotary_buffers, tie_embeddings):
+          rotary_buffers, tie_embeddings, rng=None):
     """LLaMA-shaped (Hugging Face LlamaForCausalLM state_dict names)."""
     head_dim = hidden // heads
     t = [param("model.embed_tokens.weight", [vocab, hidden], dt, "Embedding")]
@@ -213,13 +219,14 @@ def llama(label, vocab, hidden, intermediate, layers, heads, kv_heads, dt,
         rules.append(rule("*.rotary_emb.inv_freq",
                           {"ropeInvFreq": {"base": 10000.0}}))
     rules.append(rule("*.weight", normal(0.0, 0.02)))
-    return request(t, rules, label)
+    return request(t, rules, label, rng=rng)
 
 
 def llama_small():
     return llama("llama-small (hidden 512, 8 layers, bf16)", vocab=32000,
                  hidden=512, intermediate=1376, layers=8, heads=8, kv_heads=8,
-                 dt="bfloat16", rotary_buffers=True, tie_embeddings=True)
+                 dt="bfloat16", rotary_buffers=True, tie_embeddings=True,
+                 rng="RNG_MODE_TORCH")
 
 
 TINYLLAMA_PARAMS = 1_100_048_384
@@ -255,7 +262,10 @@ def render(req):
     lines += ["  ],", '  "initRules": [']
     lines += ["   " + one(r) + ("," if i + 1 < len(model["initRules"]) else "")
               for i, r in enumerate(model["initRules"])]
-    lines += ["  ],", '  "seed": ' + one(model["seed"])]
+    lines += ["  ],", '  "seed": ' + one(model["seed"])
+              + ("," if "rng" in model else "")]
+    if "rng" in model:
+        lines += ['  "rng": ' + one(model["rng"])]
     lines += [" },"]
     rest = [k for k in req if k != "model"]
     for i, k in enumerate(rest):

@@ -14,6 +14,8 @@
 #include "server/delivery/safetensors.h"
 #include "server/init/apply.h"
 #include "server/init/resolve.h"
+#include "server/init/rng_mode.h"
+#include "server/init/shard.h"
 #include "server/memory/arena.h"
 #include "server/spec/layout.h"
 #include "server/spec/meta_check.h"
@@ -46,6 +48,8 @@ absl::StatusOr<Prepared> Prepare(const v1::ModelSpec& model,
     return absl::InvalidArgumentError(
         absl::StrCat("model.rng: unknown mode ", model.rng()));
   }
+  RETURN_IF_ERROR(init::ApplyShards(
+      model, init::EffectiveRngMode(model.rng()), prepared.tensors));
   ASSIGN_OR_RETURN(prepared.resolution,
                    init::ResolveInits(model, prepared.tensors));
   *validate_us = MicrosSince(start);
@@ -118,6 +122,12 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
     plan->set_nbytes(t.nbytes);
     plan->set_arena_offset(layout.offsets[i]);
     plan->set_init(prepared.resolution.inits[i].description);
+    if (t.is_shard()) {
+      plan->mutable_full_shape()->Add(t.shard_full_shape.begin(),
+                                      t.shard_full_shape.end());
+      plan->mutable_shard_offset()->Add(t.shard_offset.begin(),
+                                        t.shard_offset.end());
+    }
     auto& entry = by_dtype[spec::Name(t.dtype)];
     entry.second += 1;
     if (t.tie_root >= 0) {  // its bytes are its root's
@@ -215,9 +225,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
   spec.layout = std::move(prepared.layout);
   spec.seed = request.model().seed();
-  spec.rng = request.model().rng() == v1::RNG_MODE_UNSPECIFIED
-                 ? init::kDefaultRngMode
-                 : request.model().rng();
+  spec.rng = init::EffectiveRngMode(request.model().rng());
   // A handle belongs to the caller's session, or holds a lease of its own.
   std::shared_ptr<registry::Handle> handle;
   if (caller.session.empty()) {
@@ -320,6 +328,12 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
     out->set_module_type(t.module_type);
     out->set_init(spec.init_descriptions[i]);
     if (t.tie_root >= 0) out->set_tied_to(spec.tensors[t.tie_root].name);
+    if (t.is_shard()) {
+      out->mutable_full_shape()->Add(t.shard_full_shape.begin(),
+                                     t.shard_full_shape.end());
+      out->mutable_shard_offset()->Add(t.shard_offset.begin(),
+                                       t.shard_offset.end());
+    }
   }
   return info;
 }

@@ -91,8 +91,8 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
-  const Caller alice_{"alice"};
-  const Caller bob_{"bob"};
+  const Caller alice_{"alice", "", false};
+  const Caller bob_{"bob", "", false};
   std::unique_ptr<memory::DevicePool> pool_;
   registry::HandleRegistry registry_;
   std::unique_ptr<ThreadPool> workers_;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/torch_guard.h"
 #include "server/init/fill.h"
+#include "server/init/portable_fill.h"
 #include "server/init/schemes.h"
 #include "server/init/seed.h"
 #include "server/memory/arena_views.h"
@@ -116,6 +117,55 @@ void ForEachTaskInParallel(const std::vector<Task>& tasks, int threads,
   if (error) std::rethrow_exception(error);
 }
 
+
+// RNG_MODE_PORTABLE: one task per tensor (a module default is its tensor's
+// slot of the plan), run one at a time, each kernel using every thread.
+absl::Status ApplyPortable(const std::vector<spec::TensorDesc>& tensors,
+                           const std::vector<ResolvedInit>& inits,
+                           uint64_t seed, memory::Arena& arena,
+                           const std::function<bool()>& cancelled) {
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].tie_root >= 0) continue;
+    tasks.push_back({static_cast<int>(i), nullptr, tensors[i].nbytes});
+  }
+  std::vector<at::Tensor>& views = arena.tensors().views;
+  const int threads = at::get_num_threads();
+  std::atomic<bool> stopped{false};
+  absl::Status status = GuardTorch("initializing tensors", [&] {
+    ForEachTaskInParallel(tasks, /*threads=*/1, cancelled, stopped,
+                          [&](const Task& task) {
+      const int i = task.tensor;
+      const spec::TensorDesc& desc = tensors[i];
+      const ModulePlan* module = inits[i].module.get();
+      const ModuleSlot* slot = nullptr;
+      if (module != nullptr) {
+        for (const ModuleSlot& s : module->slots) {
+          if (s.tensor == i) slot = &s;
+        }
+        TORCH_CHECK(slot != nullptr, "module plan lacks tensor ", desc.name);
+      }
+      const v1::InitScheme& scheme = slot != nullptr ? slot->op : inits[i].scheme;
+      FillPortableTensor(views[i], desc, scheme, seed, threads);
+      // Embedding: the padding row is zero (if this box holds it).
+      if (module != nullptr && module->padding_idx.has_value() &&
+          slot->local_name == "weight") {
+        const int64_t row = *module->padding_idx;
+        const int64_t first = desc.is_shard() ? desc.shard_offset[0] : 0;
+        if (row >= first && row < first + desc.shape[0]) {
+          views[i].select(0, row - first).fill_(0);
+        }
+      }
+    });
+  });
+  if (status.ok() && stopped.load()) {
+    return absl::CancelledError(
+        "materialization cancelled: the caller went away before every "
+        "tensor was initialized");
+  }
+  return status;
+}
+
 }  // namespace
 
 absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
@@ -125,7 +175,10 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
   if (inits.size() != tensors.size() || arena.num_tensors() != tensors.size()) {
     return absl::InternalError("init: tensor, init and arena counts differ");
   }
-  if (rng == v1::RNG_MODE_UNSPECIFIED) rng = kDefaultRngMode;
+  rng = EffectiveRngMode(rng);
+  if (rng == v1::RNG_MODE_PORTABLE) {
+    return ApplyPortable(tensors, inits, seed, arena, cancelled);
+  }
   if (rng != v1::RNG_MODE_TORCH) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.rng: unknown mode ", static_cast<int>(rng)));

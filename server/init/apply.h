@@ -3,6 +3,11 @@
 
 // Writes every tensor of a freshly allocated arena with its resolved init.
 //
+// RNG_MODE_PORTABLE (the default) fills each tensor's stored box with the
+// counter-based generator of server/init/portable: values depend only on
+// (seed, name, index in the full tensor); tensors run one after another,
+// each split across every thread. The rest of this comment is torch mode.
+//
 //   RETURN_IF_ERROR(ApplyInits(tensors, resolution.inits, seed, rng, *arena));
 //
 // Random schemes in RNG_MODE_TORCH use one generator per tensor, seeded
@@ -23,13 +28,12 @@
 #include "absl/status/status.h"
 #include "materializer/v1/materializer.pb.h"
 #include "server/init/resolve.h"
+#include "server/init/rng_mode.h"
 #include "server/memory/arena.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::init {
 
-// The mode RNG_MODE_UNSPECIFIED stands for.
-inline constexpr v1::RngMode kDefaultRngMode = v1::RNG_MODE_TORCH;
 
 // `cancelled`, when set, is polled between tasks: once it returns true no
 // further task starts and the result is CANCELLED (the caller then drops the

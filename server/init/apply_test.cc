@@ -29,6 +29,10 @@ class Materialized {
     pool_ = memory::DevicePool::Create({cpu}).value();
     v1::ModelSpec model;
     EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &model));
+    // These tests are about torch mode (the default is portable).
+    if (model.rng() == v1::RNG_MODE_UNSPECIFIED) {
+      model.set_rng(v1::RNG_MODE_TORCH);
+    }
     tensors_ = spec::ValidateTensors(model).value();
     Resolution resolution = ResolveInits(model, tensors_).value();
     spec::Layout layout = spec::ComputeLayout(tensors_).value();

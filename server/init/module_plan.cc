@@ -175,7 +175,7 @@ class ModuleTensors {
   std::optional<Shape> ShapeOf(absl::string_view local) const {
     const int i = Find(local);
     if (i < 0) return std::nullopt;
-    return tensors_[i].shape;
+    return tensors_[i].full_shape();
   }
   const std::map<std::string, int>& by_local() const { return by_local_; }
   const spec::TensorDesc& tensor(int i) const { return tensors_[i]; }
@@ -187,7 +187,7 @@ class ModuleTensors {
     Draft d;
     d.local = local;
     d.tensor = Find(local);
-    d.shape = d.tensor >= 0 ? std::optional<Shape>(tensors_[d.tensor].shape)
+    d.shape = d.tensor >= 0 ? std::optional<Shape>(tensors_[d.tensor].full_shape())
                             : std::move(derived);
     d.op = std::move(op);
     d.op_needs = std::move(op_needs);
@@ -477,7 +477,7 @@ class Planner {
                                   lstm ? ", weight_hr_l<k>" : "",
                                   ", each optionally with _reverse)"));
       }
-      const Shape& shape = m_.tensor(i).shape;
+      const Shape& shape = m_.tensor(i).full_shape();
       const bool is_bias = absl::StartsWith(parsed->kind, "bias");
       if (shape.size() != (is_bias ? 1u : 2u)) {
         return Error(

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/init/glob.h"
+#include "server/init/rng_mode.h"
 #include "server/init/schemes.h"
 
 namespace materializer::init {
@@ -131,6 +132,20 @@ absl::StatusOr<Resolution> ResolveInits(
         list,
         ". Add a rule such as {\"pattern\": \"*\", \"init\": {\"zeros\": "
         "{}}} or set the tensor's init."));
+  }
+
+  // Portable mode has no definition for schemes that need the whole matrix.
+  if (EffectiveRngMode(model.rng()) == v1::RNG_MODE_PORTABLE) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const v1::InitScheme& scheme = resolution.inits[i].scheme;
+      if (tensors[i].tie_root >= 0 || HasPortableDefinition(scheme)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          TensorPath(static_cast<int>(i), tensors[i]), ":",
+          sources[i].empty() ? "" : sources[i], " ", DescribeScheme(scheme),
+          " has no portable definition: it needs the whole matrix at once, "
+          "so no shard or device order can reproduce it. Use "
+          "model.rng = RNG_MODE_TORCH for this model"));
+    }
   }
 
   std::vector<bool> is_module_default(tensors.size(), false);

@@ -40,7 +40,7 @@ absl::Status Positive(absl::string_view field, double value) {
 }
 
 std::string ShapeText(const spec::TensorDesc& tensor) {
-  return absl::StrCat("[", absl::StrJoin(tensor.shape, ", "), "]");
+  return absl::StrCat("[", absl::StrJoin(tensor.full_shape(), ", "), "]");
 }
 
 // Range of an integer dtype.
@@ -298,7 +298,7 @@ std::string KaimingText(absl::string_view name, const Kaiming& k) {
 // dtype's largest value).
 absl::Status CheckFanScheme(const v1::InitScheme& scheme,
                             const spec::TensorDesc& tensor) {
-  absl::StatusOr<Fans> fans = FanInAndFanOut(tensor.shape);
+  absl::StatusOr<Fans> fans = FanInAndFanOut(tensor.full_shape());
   if (!fans.ok()) {
     return Invalid(absl::StrCat(DescribeScheme(scheme),
                                 " needs a tensor with "
@@ -410,15 +410,15 @@ absl::Status CheckArange(const v1::Arange& arange,
 
 absl::Status CheckRopeForTensor(const v1::RopeInvFreq& rope,
                                 const spec::TensorDesc& tensor) {
-  if (tensor.shape.size() != 1) {
+  if (tensor.full_shape().size() != 1) {
     return Invalid(absl::StrCat(
         "rope_inv_freq needs a 1-D tensor (dim / 2 frequencies); the tensor "
         "has shape ",
         ShapeText(tensor)));
   }
-  const RopeParams p = GetParams(rope, tensor.shape[0]);
+  const RopeParams p = GetParams(rope, tensor.full_shape()[0]);
   const int64_t expected = (p.dim + 1) / 2;  // len(range(0, dim, 2))
-  if (tensor.shape[0] != expected) {
+  if (tensor.full_shape()[0] != expected) {
     return Invalid(absl::StrCat("rope_inv_freq with dim ", p.dim, " gives ",
                                 expected,
                                 " frequencies (torch.arange(0, dim, 2)); the "
@@ -645,7 +645,7 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
         " (integer and bool tensors take zeros, ones, constant, eye, dirac, "
         "empty, and arange for integers)"));
   }
-  const size_t dims = tensor.shape.size();
+  const size_t dims = tensor.full_shape().size();
   switch (scheme.scheme_case()) {
     case v1::InitScheme::kConstant:
       return Representable("constant.val", scheme.constant().val(), tensor);
@@ -700,7 +700,7 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
             ShapeText(tensor)));
       }
       const int64_t groups = GetGroups(scheme.dirac());
-      if (tensor.shape[0] % groups != 0) {
+      if (tensor.full_shape()[0] % groups != 0) {
         return Invalid(absl::StrCat("dirac(groups=", groups,
                                     ") needs dimension 0 divisible by groups; "
                                     "the tensor has shape ",
@@ -715,6 +715,10 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
     default:
       return absl::OkStatus();
   }
+}
+
+bool HasPortableDefinition(const v1::InitScheme& scheme) {
+  return !scheme.has_orthogonal() && !scheme.has_sparse();
 }
 
 bool IsRandom(const v1::InitScheme& scheme) {

@@ -94,6 +94,11 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme);
 absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
                                   const spec::TensorDesc& tensor);
 
+// Whether `scheme` has a definition in RNG_MODE_PORTABLE: every scheme but
+// orthogonal and sparse, which need the whole matrix at once (a QR, a
+// permutation per column) and so cannot give a shard its slice.
+bool HasPortableDefinition(const v1::InitScheme& scheme);
+
 // Whether the scheme draws random numbers from the tensor's own generator.
 // module_default draws from its module's generator and is not counted here.
 bool IsRandom(const v1::InitScheme& scheme);

@@ -215,7 +215,9 @@ void Server::Shutdown(absl::Duration deadline) {
   }
   if (reaper_.joinable()) reaper_.join();
   workers_.reset();  // finishes queued and async work
-  if (grpc_server_ != nullptr) MLOG(INFO) << "shut down";
+  if (grpc_server_ != nullptr) {
+    MLOG(INFO) << "shut down";
+  }
   absl::MutexLock lock(&mu_);
   shut_down_ = true;
 }

@@ -14,6 +14,7 @@ namespace materializer::spec {
 // known to be non-negative and numel/nbytes to fit in 63 bits.
 struct TensorDesc {
   std::string name;
+  // The shape of what is stored: the full tensor's, or the shard's.
   std::vector<int64_t> shape;
   DType dtype = DType::kFloat32;
   bool is_buffer = false;
@@ -26,6 +27,17 @@ struct TensorDesc {
   // whose storage this one shares, or -1. A tied tensor has no init of its
   // own and no bytes of its own in the arena.
   int tie_root = -1;
+  // A shard (TensorSpec.shard): the full tensor's shape, and where the
+  // stored box starts in it. Both empty for a whole tensor.
+  std::vector<int64_t> shard_full_shape;
+  std::vector<int64_t> shard_offset;
+
+  bool is_shard() const { return !shard_full_shape.empty(); }
+  // The tensor's logical shape (the full one for a shard): what fans,
+  // bounds and shape checks of init schemes are computed from.
+  const std::vector<int64_t>& full_shape() const {
+    return is_shard() ? shard_full_shape : shape;
+  }
 };
 
 }  // namespace materializer::spec

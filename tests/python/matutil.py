@@ -231,6 +231,29 @@ def glob_match(pattern: str, name: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
+def portable_reference(shape, dtype_name: str, scheme: str, params: dict,
+                       seed: int, name: str) -> torch.Tensor:
+    """RNG_MODE_PORTABLE's values for the schemes examples use (from the
+    NumPy reference, tests/python/portable_ref.py)."""
+    import numpy as np
+    import portable_ref
+    dtype = TORCH_DTYPES[dtype_name]
+    if scheme in ("zeros", "ones", "constant"):
+        value = {"zeros": 0.0, "ones": 1.0}.get(scheme, params.get("val"))
+        return torch.full(list(shape), value, dtype=dtype)
+    if scheme == "uniform":
+        dist, p = "uniform", {"a": params.get("a", 0.0), "b": params.get("b", 1.0)}
+    elif scheme == "normal":
+        dist, p = "normal", {"mean": params.get("mean", 0.0),
+                             "std": params.get("std", 1.0)}
+    else:
+        raise ValueError(f"no portable reference here for {scheme}")
+    bits = np.ascontiguousarray(
+        portable_ref.fill(seed, name, dtype_name, dist, p, list(shape)))
+    return torch.frombuffer(bytearray(bits.tobytes()),
+                            dtype=dtype).reshape(list(shape))
+
+
 def tie_root(model_json: dict, name: str) -> str:
     """The tensor `name` shares storage with (itself if not tied)."""
     by_name = {t["name"]: t for t in model_json["tensors"]}

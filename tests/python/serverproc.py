@@ -29,10 +29,11 @@ PY_PROTO = os.environ.get(
 STARTUP_TIMEOUT_S = 120
 SHUTDOWN_TIMEOUT_S = 30
 CLIENT_KEY = "x-materializer-client"
+SESSION_KEY = "x-materializer-session"
 LISTEN_RE = re.compile(r"^materializerd listening on (\S+)\s*$")
 
 
-def _import_protos():
+def import_protos():
     pb2 = os.path.join(PY_PROTO, "materializer", "v1", "materializer_pb2.py")
     if not os.path.exists(pb2):
         pytest.fail(
@@ -47,6 +48,13 @@ def _import_protos():
 
 class Server:
     """A running materializerd plus a channel, a stub and small helpers."""
+
+    class Offline:
+        """Address and process only (no insecure channel)."""
+
+        def __init__(self, address):
+            self.address = address
+            self.channel = None
 
     def __init__(self, address, pb, pb_grpc):
         import grpc
@@ -122,6 +130,23 @@ class Server:
         finally:
             self.release(resp.handle, client)
 
+    def attach(self, client=None, resume_token="", channel=None):
+        """Opens (or resumes) a session; returns an Attachment."""
+        return Attachment(self, client, resume_token, channel or self.channel)
+
+    def session_md(self, client, session_id):
+        md = [(SESSION_KEY, session_id)]
+        if client is not None:
+            md.append((CLIENT_KEY, client))
+        return tuple(md)
+
+    def client_usage(self, client):
+        """(reserved + in-use bytes, handles) the server counts for `client`."""
+        for c in self.stats(client).clients:
+            if c.client == (client or "anonymous"):
+                return c.reserved_bytes + c.in_use_bytes, c.handles
+        return 0, 0
+
     def assert_idle(self, client=None):
         """Nothing reserved, in use or registered anywhere."""
         s = self.stats(client)
@@ -137,6 +162,43 @@ class Server:
             assert c.reserved_bytes == 0 and c.in_use_bytes == 0, c
             assert c.handles == 0, c
         return s
+
+
+class Attachment:
+    """One Attach stream: the session lease. close() ends it cleanly (the
+    client half-closes); crash() cancels it abruptly, as a dying client
+    would."""
+
+    def __init__(self, server, client, resume_token, channel):
+        import grpc
+        self._done = threading.Event()
+        pb = server.pb
+        stub = server.stub if channel is server.channel else \
+            server.stub.__class__(channel)
+
+        def requests():
+            yield pb.AttachRequest(resume_token=resume_token)
+            self._done.wait()
+
+        self._call = stub.Attach(requests(), metadata=server.md(client))
+        try:
+            first = next(self._call)
+        except grpc.RpcError:
+            self._done.set()
+            raise
+        self.session_id = first.session_id
+        self.resume_token = first.resume_token
+        self.resumed = first.resumed
+        self.grace_s = first.grace.seconds + first.grace.nanos / 1e9
+
+    def close(self):
+        self._done.set()
+        for _ in self._call:  # drain until the server finishes the stream
+            pass
+
+    def crash(self):
+        self._call.cancel()
+        self._done.set()
 
 
 def _reader(stream, q):
@@ -155,10 +217,11 @@ def _tail(path, n=40):
 
 @contextlib.contextmanager
 def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
-                   log_level="warning"):
+                   log_level="warning", connect=True):
     """A materializerd on 127.0.0.1:0 with `extra_args`, as a Server; stopped
-    (SIGTERM, checked clean exit) on leaving the block."""
-    pb, pb_grpc = _import_protos()
+    (SIGTERM, checked clean exit) on leaving the block. With connect=False
+    (a TLS server) the Server carries only the address and process."""
+    pb, pb_grpc = import_protos()
     if not os.path.exists(SERVER_BIN):
         pytest.fail(
             f"server binary not found at {SERVER_BIN}: run `./dev test` "
@@ -197,13 +260,14 @@ def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
         if m:
             address = m.group(1)
 
-    srv = Server(address, pb, pb_grpc)
+    srv = Server(address, pb, pb_grpc) if connect else Server.Offline(address)
     srv.proc = proc
     srv.log_path = log.name
     try:
         yield srv
     finally:
-        srv.channel.close()
+        if srv.channel is not None:
+            srv.channel.close()
         crashed = proc.poll()
         if crashed is None:
             proc.send_signal(signal.SIGTERM)

@@ -68,8 +68,11 @@ def tensor(name, shape, dtype, init=None, **kw):
 
 
 def request(tensors, rules=(), modules=(), seed=SEED):
+    # Parity with torch.nn.init is torch mode (the server's default is
+    # portable).
     return {"model": {"tensors": list(tensors), "initRules": list(rules),
-                      "modules": list(modules), "seed": str(seed)}}
+                      "modules": list(modules), "seed": str(seed),
+                      "rng": "RNG_MODE_TORCH"}}
 
 
 @contextlib.contextmanager

@@ -66,9 +66,11 @@ def check_normal_stats(name, t, mean, std):
 
 
 def check_tensors(loaded, model, dtype_filter=None):
-    """Values: exact for zeros/ones/constant, bit-for-bit torch reference
+    """Values: exact for zeros/ones/constant, bit-for-bit reference (torch's
+    generators in torch mode, the NumPy Philox reference in portable mode)
     and plausible moments for normal/uniform."""
     seed = int(model.get("seed", "0"))
+    torch_mode = model.get("rng") == "RNG_MODE_TORCH"
     inits = m.resolve_inits(model)
     for t in model["tensors"]:
         name = t["name"]
@@ -87,8 +89,12 @@ def check_tensors(loaded, model, dtype_filter=None):
             assert got.min().item() >= params["a"], name
             assert got.max().item() <= params["b"], name
         # A tied tensor holds its root's values, drawn with the root's seed.
-        want = m.reference(t["shape"], m.TORCH_DTYPES[t["dtype"]], scheme,
-                           params, seed, m.tie_root(model, name))
+        if torch_mode:
+            want = m.reference(t["shape"], m.TORCH_DTYPES[t["dtype"]], scheme,
+                               params, seed, m.tie_root(model, name))
+        else:
+            want = m.portable_reference(t["shape"], t["dtype"], scheme, params,
+                                        seed, m.tie_root(model, name))
         # Bit for bit (view as integers so -0.0 / NaN cannot hide).
         assert m.same_bits(got, want), (
             f"{name}: differs from torch reference ({scheme} {params})")
@@ -230,7 +236,7 @@ def test_other_dtypes_match_torch(server, tmp_path, scheme):
     tensors.append({"name": "t.scalar", "shape": [], "dtype": "float32"})
     tensors.append({"name": "t.empty", "shape": [0, 5], "dtype": "float32"})
     model = {"tensors": tensors, "initRules": [{"pattern": "*", "init": init}],
-             "seed": str(2**64 - 3)}
+             "seed": str(2**64 - 3), "rng": "RNG_MODE_TORCH"}
     req = server.parse_request(json.dumps({"model": model, "label": scheme}))
     with server.handle(req) as resp:
         _, loaded = fetch_to_file(server, resp.handle, tmp_path, "d.safetensors")
