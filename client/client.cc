@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -151,27 +153,60 @@ absl::Status SyncParentDirectory(const std::string& path) {
   return file.Close(dir);
 }
 
+// Hashes the first `length` bytes of the open file (a resumed prefix).
+absl::Status HashPrefix(int fd, uint64_t length, const std::string& path,
+                        delivery::Hasher* hasher) {
+  std::string buffer(std::min<uint64_t>(length, 8 << 20), '\0');
+  for (uint64_t done = 0; done < length;) {
+    const ssize_t n =
+        ::pread(fd, buffer.data(),
+                std::min<uint64_t>(buffer.size(), length - done),
+                static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, absl::StrCat("reading ", path));
+    }
+    if (n == 0) {
+      return absl::DataLossError(
+          absl::StrCat(path, " shrank while it was being read"));
+    }
+    hasher->Update(buffer.data(), static_cast<size_t>(n));
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 // The body of FetchToFile once `partial` is open as `file`: fetch, check,
 // fsync, rename.
-absl::Status FetchIntoPartial(Client& client, const std::string& handle,
-                              const std::string& path,
-                              const std::string& partial, File& file,
-                              const FetchFileOptions& options) {
+absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
+                                             const std::string& handle,
+                                             const std::string& path,
+                                             const std::string& partial,
+                                             File& file,
+                                             const FetchFileOptions& options) {
   uint64_t start = 0;
+  delivery::Hasher prefix;
   if (options.resume) {
     ASSIGN_OR_RETURN(start, FileSize(file.fd(), partial));
+    // The bytes on disk count toward the digest: read them back rather
+    // than trust them.
+    RETURN_IF_ERROR(HashPrefix(file.fd(), start, partial, &prefix));
   }
 
   v1::FetchRequest request;
   request.set_handle(handle);
-  request.set_format(v1::WEIGHT_FORMAT_SAFETENSORS);
+  request.set_format(options.format);
   request.set_offset(start);
   request.set_chunk_bytes(options.chunk_bytes);
   request.set_include_non_persistent(options.include_non_persistent);
+  request.set_write_ties_once(options.write_ties_once);
+  for (const std::string& pattern : options.include) request.add_include(pattern);
+  for (const std::string& pattern : options.exclude) request.add_exclude(pattern);
 
   bool started = false;
-  absl::StatusOr<uint64_t> total =
-      client.Fetch(request, [&](const v1::WeightChunk& chunk) -> absl::Status {
+  absl::StatusOr<FetchResult> total = client.Fetch(
+      request,
+      [&](const v1::WeightChunk& chunk) -> absl::Status {
         if (!started) {
           started = true;
           if (options.progress) options.progress(start, chunk.total_bytes());
@@ -183,8 +218,17 @@ absl::Status FetchIntoPartial(Client& client, const std::string& handle,
                            chunk.total_bytes());
         }
         return absl::OkStatus();
-      });
+      },
+      &prefix);
   if (!total.ok()) {
+    if (total.status().code() == absl::StatusCode::kDataLoss &&
+        absl::StrContains(total.status().message(), "the file's digest is")) {
+      // Some byte on disk is wrong: a resume from it cannot succeed.
+      ::unlink(partial.c_str());
+      return absl::DataLossError(absl::StrCat(
+          total.status().message(), "; removed ", partial,
+          ", fetch again from the start"));
+    }
     if (start > 0 && total.status().code() == absl::StatusCode::kOutOfRange) {
       return absl::OutOfRangeError(absl::StrCat(
           total.status().message(), " (resuming from ", partial,
@@ -196,12 +240,13 @@ absl::Status FetchIntoPartial(Client& client, const std::string& handle,
   }
 
   ASSIGN_OR_RETURN(const uint64_t size, FileSize(file.fd(), partial));
-  if (size != *total) {
+  if (size != total->total_bytes) {
     // The stream was checked to end exactly at total_bytes, so this means
     // something else wrote to the .partial file meanwhile.
     return absl::DataLossError(absl::StrCat(partial, " holds ", size,
                                             " bytes, but the file of ", handle,
-                                            " is ", *total, " bytes"));
+                                            " is ", total->total_bytes,
+                                            " bytes"));
   }
   if (::fsync(file.fd()) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", partial));
@@ -211,7 +256,8 @@ absl::Status FetchIntoPartial(Client& client, const std::string& handle,
     return absl::ErrnoToStatus(
         errno, absl::StrCat("renaming ", partial, " to ", path));
   }
-  return SyncParentDirectory(path);
+  RETURN_IF_ERROR(SyncParentDirectory(path));
+  return *total;
 }
 
 }  // namespace
@@ -285,11 +331,13 @@ absl::StatusOr<v1::HandleInfo> Client::Describe(absl::string_view handle) {
   return response;
 }
 
-absl::StatusOr<v1::ReleaseResponse> Client::Release(absl::string_view handle) {
+absl::StatusOr<v1::ReleaseResponse> Client::Release(absl::string_view handle,
+                                                    bool force) {
   grpc::ClientContext context;
   PrepareContext(&context);
   v1::ReleaseRequest request;
   request.set_handle(std::string(handle));
+  request.set_force(force);
   v1::ReleaseResponse response;
   RETURN_IF_ERROR(FromGrpcStatus(stub_->Release(&context, request, &response)));
   return response;
@@ -313,6 +361,41 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
   return response;
 }
 
+absl::StatusOr<v1::FileLayout> Client::DescribeFile(
+    const v1::FetchRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::FileLayout response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->DescribeFile(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ExportResponse> Client::ExportHandle(
+    absl::string_view handle, absl::string_view importer_device_uuid) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ExportRequest request;
+  request.set_handle(std::string(handle));
+  request.set_importer_device_uuid(std::string(importer_device_uuid));
+  v1::ExportResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->ExportHandle(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::CloseExportResponse> Client::CloseExport(
+    absl::string_view export_id) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::CloseExportRequest request;
+  request.set_export_id(std::string(export_id));
+  v1::CloseExportResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->CloseExport(&context, request, &response)));
+  return response;
+}
+
 absl::StatusOr<std::string> Client::Health() {
   grpc::ClientContext context;
   PrepareContext(&context);
@@ -325,27 +408,40 @@ absl::StatusOr<std::string> Client::Health() {
       response.status());
 }
 
-absl::StatusOr<uint64_t> Client::Fetch(
+absl::StatusOr<FetchResult> Client::Fetch(
     const v1::FetchRequest& request,
-    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk) {
+    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+    delivery::Hasher* prefix) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.fetch_timeout);
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
       stub_->FetchWeights(&context, request);
 
+  // The whole file's digest, when every byte before the offset is in
+  // `prefix` (or there is none).
+  delivery::Hasher own;
+  delivery::Hasher* hasher = nullptr;
+  if (request.offset() == 0) {
+    hasher = &own;
+  } else if (prefix != nullptr && prefix->length() == request.offset()) {
+    hasher = prefix;
+  }
   v1::WeightChunk chunk;
   bool first = true;
   uint64_t next_offset = request.offset();
   uint64_t total_bytes = 0;
+  std::string digest;
   // Why we stopped reading before the server finished, if we did.
   absl::Status stopped;
   while (reader->Read(&chunk)) {
     stopped = CheckChunk(request, chunk, first, next_offset, total_bytes);
     if (stopped.ok()) stopped = on_chunk(chunk);
     if (!stopped.ok()) break;
+    if (hasher != nullptr) hasher->Update(chunk.data());
     first = false;
     total_bytes = chunk.total_bytes();
     next_offset = chunk.offset() + chunk.data().size();
+    if (!chunk.digest().empty()) digest = chunk.digest();
   }
   if (!stopped.ok()) {
     context.TryCancel();
@@ -368,23 +464,42 @@ absl::StatusOr<uint64_t> Client::Fetch(
                                             ": the stream ended at byte ",
                                             next_offset, " of ", total_bytes));
   }
-  return total_bytes;
+  if (digest.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "fetch of ", request.handle(),
+        ": the server sent no digest of the file, so it cannot be checked"));
+  }
+  FetchResult result;
+  result.total_bytes = total_bytes;
+  result.digest = digest;
+  if (hasher != nullptr) {
+    const std::string computed = delivery::FormatDigest(hasher->Finish());
+    if (computed != digest) {
+      return absl::DataLossError(absl::StrCat(
+          "fetch of ", request.handle(), ": the file's digest is ", computed,
+          " but the server's is ", digest,
+          ": some byte was corrupted on the way or on disk"));
+    }
+    result.verified = true;
+  }
+  return result;
 }
 
-absl::Status FetchToFile(Client& client, const std::string& handle,
-                         const std::string& path,
-                         const FetchFileOptions& options) {
+absl::StatusOr<FetchResult> FetchToFile(Client& client,
+                                        const std::string& handle,
+                                        const std::string& path,
+                                        const FetchFileOptions& options) {
   const std::string partial = path + ".partial";
   const int flags =
-      O_WRONLY | O_CREAT | O_CLOEXEC | (options.resume ? 0 : O_TRUNC);
+      O_RDWR | O_CREAT | O_CLOEXEC | (options.resume ? 0 : O_TRUNC);
   const int fd = ::open(partial.c_str(), flags, 0644);
   if (fd < 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("opening ", partial));
   }
   File file(fd);
-  const absl::Status status =
+  absl::StatusOr<FetchResult> result =
       FetchIntoPartial(client, handle, path, partial, file, options);
-  if (!status.ok()) {
+  if (!result.ok()) {
     // An empty .partial file holds nothing to resume from (say the handle
     // was mistyped); leave no litter behind.
     struct stat st;
@@ -392,7 +507,7 @@ absl::Status FetchToFile(Client& client, const std::string& handle,
       ::unlink(partial.c_str());
     }
   }
-  return status;
+  return result;
 }
 
 }  // namespace materializer::client

@@ -2,9 +2,10 @@
 #define MATERIALIZER_CLIENT_CLIENT_H_
 
 // A C++ client of the Materializer API (proto/materializer/v1): one method
-// per RPC with absl::Status errors, a checked streaming fetch, and
-// FetchToFile, which writes a handle's weights to a safetensors file
-// atomically and can resume an interrupted transfer.
+// per RPC with absl::Status errors, a checked streaming fetch that verifies
+// the file's digest, and FetchToFile, which writes a handle's weights to a
+// file (safetensors, torch or raw) atomically and can resume an
+// interrupted transfer.
 //
 //   ClientOptions options;
 //   options.target = "127.0.0.1:50051";
@@ -20,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +33,7 @@
 #include "grpcpp/support/status.h"
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/delivery/digest.h"
 
 namespace materializer::client {
 
@@ -60,6 +63,18 @@ struct ClientOptions {
 // message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// What a fetch delivered.
+struct FetchResult {
+  // Size of the whole file (WeightChunk.total_bytes).
+  uint64_t total_bytes = 0;
+  // The whole file's digest as the server sent it ("xxh3-128:<hex>").
+  std::string digest;
+  // True when the client hashed every byte of the file and found the same
+  // digest (always, unless a fetch from an offset > 0 came without the
+  // prefix's hasher).
+  bool verified = false;
+};
+
 // A connection to one materializer server.
 //
 // Thread-safe: every method may be called from several threads at once
@@ -80,28 +95,42 @@ class Client {
   absl::StatusOr<v1::MaterializeResponse> Materialize(
       const v1::MaterializeRequest& request);
   absl::StatusOr<v1::HandleInfo> Describe(absl::string_view handle);
-  absl::StatusOr<v1::ReleaseResponse> Release(absl::string_view handle);
+  // `force` releases an exported handle too (ReleaseRequest.force).
+  absl::StatusOr<v1::ReleaseResponse> Release(absl::string_view handle,
+                                              bool force = false);
   absl::StatusOr<v1::ListHandlesResponse> ListHandles();
   absl::StatusOr<v1::GetStatsResponse> GetStats();
+  // The layout a FetchWeights with `request` would stream.
+  absl::StatusOr<v1::FileLayout> DescribeFile(const v1::FetchRequest& request);
+  // Zero-copy export for a co-located process (export_import.h maps it).
+  absl::StatusOr<v1::ExportResponse> ExportHandle(
+      absl::string_view handle, absl::string_view importer_device_uuid = "");
+  absl::StatusOr<v1::CloseExportResponse> CloseExport(
+      absl::string_view export_id);
 
   // The server's overall serving status from grpc.health.v1.Health/Check
   // (service ""), by name: "SERVING", "NOT_SERVING", ...
   absl::StatusOr<std::string> Health();
 
   // Streams the file of `request.handle()` from `request.offset()` and calls
-  // `on_chunk` for each chunk, in order, on the calling thread. Returns the
-  // size of the whole file (WeightChunk.total_bytes); the bytes delivered
-  // are that minus request.offset().
+  // `on_chunk` for each chunk, in order, on the calling thread. The bytes
+  // delivered are total_bytes minus request.offset().
   //
   // Every chunk is checked before `on_chunk` sees it: the first starts at
   // request.offset(), each next one where the previous ended, total_bytes
   // never changes and no chunk runs past it; and the stream must end
-  // exactly at total_bytes. A violation cancels the call and is DATA_LOSS.
-  // If `on_chunk` returns an error, the call is cancelled and that error is
-  // returned unchanged.
-  absl::StatusOr<uint64_t> Fetch(
+  // exactly at total_bytes with the file's digest. A violation cancels the
+  // call and is DATA_LOSS. If `on_chunk` returns an error, the call is
+  // cancelled and that error is returned unchanged.
+  //
+  // The digest is verified (DATA_LOSS on a mismatch, after on_chunk has
+  // seen every chunk) when the fetch starts at 0, or when `prefix` holds
+  // the digest state of file bytes [0, request.offset()) (a resume; see
+  // FetchToFile). `prefix` is consumed.
+  absl::StatusOr<FetchResult> Fetch(
       const v1::FetchRequest& request,
-      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk);
+      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+      delivery::Hasher* prefix = nullptr);
 
   const ClientOptions& options() const { return options_; }
 
@@ -124,10 +153,16 @@ class Client {
 struct FetchFileOptions {
   // Continue from the bytes already in `path + ".partial"` instead of
   // starting over (the file layout is deterministic, so the bytes on disk
-  // are a prefix of the file being fetched).
+  // are a prefix of the file being fetched; they are hashed again, never
+  // trusted, and the final digest covers them).
   bool resume = false;
-  // FetchRequest.include_non_persistent.
+  // FetchRequest.format, .include_non_persistent, .write_ties_once,
+  // .include, .exclude.
+  v1::WeightFormat format = v1::WEIGHT_FORMAT_SAFETENSORS;
   bool include_non_persistent = false;
+  bool write_ties_once = false;
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
   // FetchRequest.chunk_bytes: 0 lets the server choose (1 MiB).
   uint32_t chunk_bytes = 0;
   // Called on the fetching thread with the number of bytes of the file now
@@ -137,15 +172,19 @@ struct FetchFileOptions {
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
-// Fetches `handle` as a safetensors file into `path`. Writes to
-// `path + ".partial"` and, once every byte is there, checks its size against
-// total_bytes, fsyncs it and renames it to `path` (replacing any file
-// there), so `path` never holds a truncated file. On failure the .partial
-// file stays for a later `resume`; without `resume` an existing .partial
-// file is truncated first.
-absl::Status FetchToFile(Client& client, const std::string& handle,
-                         const std::string& path,
-                         const FetchFileOptions& options);
+// Fetches `handle` into `path` (safetensors unless options.format says
+// otherwise). Writes to `path + ".partial"` and, once every byte is there,
+// checks its size against total_bytes and its digest against the server's,
+// fsyncs it and renames it to `path` (replacing any file there), so `path`
+// never holds a truncated or corrupted file. On a transfer failure the
+// .partial file stays for a later `resume`; without `resume` an existing
+// .partial file is truncated first. On a digest mismatch (DATA_LOSS) the
+// .partial file is removed: some byte of it is wrong, so resuming from it
+// cannot succeed.
+absl::StatusOr<FetchResult> FetchToFile(Client& client,
+                                        const std::string& handle,
+                                        const std::string& path,
+                                        const FetchFileOptions& options);
 
 }  // namespace materializer::client
 

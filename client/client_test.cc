@@ -41,6 +41,8 @@ enum class Fault {
   kStopsEarly,     // ends OK after three chunks
   kNoChunks,       // ends OK without a chunk
   kHoldForCancel,  // after three chunks, repeats the third until cancelled
+  kBadDigest,      // the last chunk's digest is of other bytes
+  kNoDigest,       // the last chunk carries no digest
 };
 
 // An in-memory Materializer: one handle "h-1" whose file is `file`, and
@@ -164,6 +166,13 @@ class FakeMaterializer final : public v1::Materializer::Service {
         chunk.set_total_bytes(file.size() + 1);
       }
       if (fault == Fault::kPastEnd) chunk.set_total_bytes(position + 1);
+      if (position + chunk.data().size() == file.size()) {
+        const std::string hashed = fault == Fault::kBadDigest ? file + "!" : file;
+        if (fault != Fault::kNoDigest) {
+          chunk.set_digest(delivery::FormatDigest(
+              delivery::HashBytes(hashed.data(), hashed.size())));
+        }
+      }
       if (!writer->Write(chunk)) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
       }
@@ -277,11 +286,14 @@ class ClientTest : public ::testing::Test {
     request.set_handle("h-1");
     request.set_offset(offset);
     request.set_chunk_bytes(chunk_bytes);
-    return client_->Fetch(request, [&](const v1::WeightChunk& chunk) {
-      data->append(chunk.data());
-      if (chunks != nullptr) ++*chunks;
-      return absl::OkStatus();
-    });
+    absl::StatusOr<FetchResult> result =
+        client_->Fetch(request, [&](const v1::WeightChunk& chunk) {
+          data->append(chunk.data());
+          if (chunks != nullptr) ++*chunks;
+          return absl::OkStatus();
+        });
+    if (!result.ok()) return result.status();
+    return result->total_bytes;
   }
 
   FakeMaterializer fake_;
@@ -480,7 +492,7 @@ TEST_F(ClientTest, CallbackErrorCancelsTheCallAndIsReturnedUnchanged) {
   request.set_handle("h-1");
   request.set_chunk_bytes(100);
   int chunks = 0;
-  const absl::StatusOr<uint64_t> total =
+  const absl::StatusOr<FetchResult> total =
       client_->Fetch(request, [&](const v1::WeightChunk& chunk) {
         if (++chunks == 2) return absl::ResourceExhaustedError("disk full");
         return absl::OkStatus();
@@ -595,6 +607,89 @@ TEST_F(ClientTest, FetchToFileOfAnUnknownHandleLeavesNoFileBehind) {
   const std::string path = OutPath();
   EXPECT_THAT(FetchToFile(*client_, "h-typo", path, FetchFileOptions()),
               StatusIs(absl::StatusCode::kNotFound, Eq("no such handle")));
+  EXPECT_FALSE(Exists(path));
+  EXPECT_FALSE(Exists(path + ".partial"));
+}
+
+TEST_F(ClientTest, FetchVerifiesTheDigestOfTheWholeFile) {
+  v1::FetchRequest request;
+  request.set_handle("h-1");
+  request.set_chunk_bytes(3000);
+  ASSERT_OK_AND_ASSIGN(
+      const FetchResult good,
+      client_->Fetch(request, [](const v1::WeightChunk&) {
+        return absl::OkStatus();
+      }));
+  EXPECT_TRUE(good.verified);
+  EXPECT_EQ(good.digest, delivery::FormatDigest(delivery::HashBytes(
+                             TestFile().data(), TestFile().size())));
+
+  fake_.SetFault(Fault::kBadDigest);
+  EXPECT_THAT(client_->Fetch(request,
+                             [](const v1::WeightChunk&) {
+                               return absl::OkStatus();
+                             }),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("but the server's is xxh3-128:")));
+  fake_.SetFault(Fault::kNoDigest);
+  EXPECT_THAT(client_->Fetch(request,
+                             [](const v1::WeightChunk&) {
+                               return absl::OkStatus();
+                             }),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("sent no digest")));
+}
+
+TEST_F(ClientTest, FetchFromAnOffsetVerifiesOnlyWithThePrefixDigest) {
+  v1::FetchRequest request;
+  request.set_handle("h-1");
+  request.set_offset(4000);
+  auto ignore = [](const v1::WeightChunk&) { return absl::OkStatus(); };
+  ASSERT_OK_AND_ASSIGN(FetchResult unverified, client_->Fetch(request, ignore));
+  EXPECT_FALSE(unverified.verified);
+
+  delivery::Hasher prefix;
+  prefix.Update(TestFile().substr(0, 4000));
+  ASSERT_OK_AND_ASSIGN(FetchResult verified,
+                       client_->Fetch(request, ignore, &prefix));
+  EXPECT_TRUE(verified.verified);
+
+  delivery::Hasher wrong;
+  wrong.Update(std::string(4000, 'x'));
+  EXPECT_THAT(client_->Fetch(request, ignore, &wrong),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("digest")));
+}
+
+TEST_F(ClientTest, FetchToFilePassesFormatAndFiltersAndReturnsTheDigest) {
+  const std::string path = OutPath();
+  FetchFileOptions options;
+  options.format = v1::WEIGHT_FORMAT_TORCH;
+  options.include = {"a.*", "b.*"};
+  options.exclude = {"*.bias"};
+  options.write_ties_once = true;
+  ASSERT_OK_AND_ASSIGN(const FetchResult result,
+                       FetchToFile(*client_, "h-1", path, options));
+  EXPECT_TRUE(result.verified);
+  EXPECT_EQ(result.total_bytes, 10000u);
+  const v1::FetchRequest request = fake_.last_fetch();
+  EXPECT_EQ(request.format(), v1::WEIGHT_FORMAT_TORCH);
+  EXPECT_THAT(request.include(), ElementsAre("a.*", "b.*"));
+  EXPECT_THAT(request.exclude(), ElementsAre("*.bias"));
+  EXPECT_TRUE(request.write_ties_once());
+}
+
+TEST_F(ClientTest, FetchToFileRemovesAResumedFileWhoseDigestIsWrong) {
+  const std::string path = OutPath();
+  // A prefix of the right length with a flipped byte: the transfer looks
+  // fine, only the digest can tell.
+  std::string corrupt = TestFile().substr(0, 4000);
+  corrupt[17] ^= 1;
+  WriteAll(path + ".partial", corrupt);
+  FetchFileOptions options;
+  options.resume = true;
+  EXPECT_THAT(FetchToFile(*client_, "h-1", path, options),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr("fetch again from the start")));
   EXPECT_FALSE(Exists(path));
   EXPECT_FALSE(Exists(path + ".partial"));
 }

@@ -3,6 +3,7 @@
 //   matctl plan examples/gpt2-small.json
 //   matctl --client=alice materialize examples/gpt2-small.json --label="run 17"
 //   matctl fetch h-0123... -o gpt2.safetensors --resume
+//   matctl fetch h-0123... -o gpt2.pt --format=torch --exclude='*.inv_freq'
 //
 // Exit status: 0 on success, 1 when a call or a file fails, 2 on a usage
 // error. Errors print as `matctl: <STATUS_CODE>: <message>` on stderr.
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -61,6 +63,20 @@ ABSL_FLAG(bool, include_non_persistent, false,
           "fetch: also write non-persistent buffers");
 ABSL_FLAG(std::string, chunk_bytes, "0",
           "fetch: largest chunk, e.g. 4MiB (0: the server's default)");
+ABSL_FLAG(std::string, format, "safetensors",
+          "fetch: safetensors, torch or raw");
+ABSL_FLAG(std::vector<std::string>, include, {},
+          "fetch: write only tensors matching one of these globs "
+          "(comma-separated)");
+ABSL_FLAG(std::vector<std::string>, exclude, {},
+          "fetch: leave out tensors matching any of these globs "
+          "(comma-separated)");
+ABSL_FLAG(bool, write_ties_once, false,
+          "fetch (safetensors): write each group of tied tensors once");
+ABSL_FLAG(bool, force, false, "release: release an exported handle too");
+ABSL_FLAG(std::string, importer_device_uuid, "",
+          "export: the importer's CUDA device (GPU-...), checked by the "
+          "server");
 
 namespace materializer::client {
 namespace {
@@ -73,12 +89,19 @@ commands:
   materialize FILE.json [--async] [--label=TEXT]
                                   materialize a model; prints its handle
   describe HANDLE [--all]         show a handle and its tensors
-  release HANDLE                  free a handle's memory
+  release HANDLE [--force]        free a handle's memory (--force: even while
+                                  exported)
   ls                              list your handles
   stats                           memory per device, yours, and in total
   health                          the server's serving status
-  fetch HANDLE -o OUT.safetensors [--resume] [--include_non_persistent] [--chunk_bytes=N]
-                                  write a handle's weights to a file
+  fetch HANDLE -o OUT [--format=safetensors|torch|raw] [--include=GLOBS]
+        [--exclude=GLOBS] [--resume] [--include_non_persistent]
+        [--write_ties_once] [--chunk_bytes=N]
+                                  write a handle's weights to a file and
+                                  verify its digest
+  export HANDLE [--importer_device_uuid=GPU-...]
+                                  zero-copy export for a co-located process
+  close-export EXPORT_ID          end an export
 
 FILE.json holds a PlanRequest or MaterializeRequest in the proto3 JSON
 mapping; --async and --label override the file's fields.
@@ -220,6 +243,15 @@ absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(
         TidyParseError(absl::string_view(reason.data(), reason.size()))));
   }
   return request;
+}
+
+// "torch" -> WEIGHT_FORMAT_TORCH.
+absl::StatusOr<v1::WeightFormat> ParseFormat(absl::string_view name) {
+  if (name == "safetensors") return v1::WEIGHT_FORMAT_SAFETENSORS;
+  if (name == "torch") return v1::WEIGHT_FORMAT_TORCH;
+  if (name == "raw") return v1::WEIGHT_FORMAT_RAW;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--format must be safetensors, torch or raw, not \"", name, "\""));
 }
 
 // ---------------------------------------------------------------------------
@@ -385,7 +417,8 @@ absl::Status RunDescribe(Client& client, const Invocation& invocation) {
 
 absl::Status RunRelease(Client& client, const Invocation& invocation) {
   const std::string& handle = invocation.args[0];
-  ASSIGN_OR_RETURN(const v1::ReleaseResponse response, client.Release(handle));
+  ASSIGN_OR_RETURN(const v1::ReleaseResponse response,
+                   client.Release(handle, absl::GetFlag(FLAGS_force)));
   if (invocation.output == OutputMode::kJson) return PrintJson(response);
   if (response.released()) {
     std::cout << "released " << handle << ", freed "
@@ -495,6 +528,11 @@ absl::Status RunFetch(Client& client, const Invocation& invocation) {
 
   FetchFileOptions options;
   options.resume = absl::GetFlag(FLAGS_resume);
+  // Checked for usage before the command runs.
+  options.format = ParseFormat(absl::GetFlag(FLAGS_format)).value();
+  options.include = absl::GetFlag(FLAGS_include);
+  options.exclude = absl::GetFlag(FLAGS_exclude);
+  options.write_ties_once = absl::GetFlag(FLAGS_write_ties_once);
   options.include_non_persistent = absl::GetFlag(FLAGS_include_non_persistent);
   options.chunk_bytes = static_cast<uint32_t>(chunk_bytes);
 
@@ -512,20 +550,57 @@ absl::Status RunFetch(Client& client, const Invocation& invocation) {
       drawn = true;
     }
   };
-  const absl::Status status = FetchToFile(client, handle, path, options);
+  const absl::StatusOr<FetchResult> result =
+      FetchToFile(client, handle, path, options);
   const absl::Duration elapsed = absl::Now() - start;
   if (drawn) std::fputs("\n", stderr);
-  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(result.status());
 
   if (invocation.output == OutputMode::kJson) {
     std::cout << "{\"handle\": " << JsonQuote(handle)
               << ", \"path\": " << JsonQuote(path)
-              << ", \"bytes\": " << meter.total() << "}\n";
+              << ", \"bytes\": " << result->total_bytes
+              << ", \"digest\": " << JsonQuote(result->digest) << "}\n";
   } else {
     std::cout << "wrote " << path << ": "
-              << FormatFetchSummary(meter.total(), meter.transferred(), elapsed)
-              << "\n";
+              << FormatFetchSummary(result->total_bytes, meter.transferred(),
+                                    elapsed)
+              << "\ndigest " << result->digest << " (verified)\n";
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunExport(Client& client, const Invocation& invocation) {
+  ASSIGN_OR_RETURN(
+      const v1::ExportResponse response,
+      client.ExportHandle(invocation.args[0],
+                          absl::GetFlag(FLAGS_importer_device_uuid)));
+  if (invocation.output == OutputMode::kJson) return PrintJson(response);
+  Table summary;
+  summary.AddRow({"export", response.export_id()});
+  if (response.has_shared_memory()) {
+    summary.AddRow({"shared memory", response.shared_memory().path()});
+  } else {
+    summary.AddRow({"cuda device",
+                    absl::StrCat("cuda:", response.cuda().device_ordinal(), " (",
+                                 response.cuda().device_uuid(), ")")});
+    summary.AddRow(
+        {"base offset", absl::StrCat(response.cuda().base_offset())});
+  }
+  summary.AddRow({"arena bytes", BytesWithCount(response.arena_bytes())});
+  summary.AddRow({"tensors", absl::StrCat(response.tensors_size())});
+  std::cout << summary.Render();
+  std::cout << "\nclose it with: matctl close-export " << response.export_id()
+            << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunCloseExport(Client& client, const Invocation& invocation) {
+  ASSIGN_OR_RETURN(const v1::CloseExportResponse response,
+                   client.CloseExport(invocation.args[0]));
+  if (invocation.output == OutputMode::kJson) return PrintJson(response);
+  std::cout << "closed " << invocation.args[0] << "; "
+            << response.remaining_exports() << " export(s) of its handle remain\n";
   return absl::OkStatus();
 }
 
@@ -553,16 +628,24 @@ const std::vector<Command>& Commands() {
        {"async", "label"},
        RunMaterialize},
       {"describe", 1, "describe HANDLE [--all]", {"all"}, RunDescribe},
-      {"release", 1, "release HANDLE", {}, RunRelease},
+      {"release", 1, "release HANDLE [--force]", {"force"}, RunRelease},
       {"ls", 0, "ls", {}, RunList},
       {"stats", 0, "stats", {}, RunStats},
       {"health", 0, "health", {}, RunHealth},
       {"fetch",
        1,
-       "fetch HANDLE -o OUT.safetensors [--resume] "
-       "[--include_non_persistent] [--chunk_bytes=N]",
-       {"o", "resume", "include_non_persistent", "chunk_bytes"},
+       "fetch HANDLE -o OUT [--format=safetensors|torch|raw] "
+       "[--include=GLOBS] [--exclude=GLOBS] [--resume] "
+       "[--include_non_persistent] [--write_ties_once] [--chunk_bytes=N]",
+       {"o", "resume", "include_non_persistent", "chunk_bytes", "format",
+        "include", "exclude", "write_ties_once"},
        RunFetch},
+      {"export",
+       1,
+       "export HANDLE [--importer_device_uuid=GPU-...]",
+       {"importer_device_uuid"},
+       RunExport},
+      {"close-export", 1, "close-export EXPORT_ID", {}, RunCloseExport},
   };
   return *commands;
 }
@@ -571,8 +654,10 @@ const std::vector<Command>& Commands() {
 // others' flags rather than silently ignoring them.
 const std::vector<const char*>& CommandFlags() {
   static const auto* flags = new std::vector<const char*>{
-      "all",        "async", "label", "o", "resume", "include_non_persistent",
-      "chunk_bytes"};
+      "all",     "async",   "label",           "o",
+      "resume",  "include_non_persistent",       "chunk_bytes",
+      "format",  "include", "exclude",         "write_ties_once",
+      "force",   "importer_device_uuid"};
   return *flags;
 }
 
@@ -705,7 +790,12 @@ int Main(int argc, char** argv) {
   }
   if (name == "fetch") {
     if (absl::GetFlag(FLAGS_o).empty()) {
-      return UsageError("fetch needs -o OUT.safetensors", command);
+      return UsageError("fetch needs -o OUT", command);
+    }
+    if (const absl::StatusOr<v1::WeightFormat> format =
+            ParseFormat(absl::GetFlag(FLAGS_format));
+        !format.ok()) {
+      return UsageError(format.status().message(), command);
     }
     const absl::StatusOr<uint64_t> chunk_bytes =
         ParseBytes(absl::GetFlag(FLAGS_chunk_bytes));

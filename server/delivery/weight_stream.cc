@@ -1,53 +1,230 @@
 #include "server/delivery/weight_stream.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 
 namespace materializer::delivery {
+namespace {
+
+// Each chunk hashes the file bytes it carries, plus up to this many bytes of
+// a resumed fetch's prefix, so a resume spreads that work over its chunks.
+constexpr uint64_t kCatchUpPerChunk = uint64_t{8} << 20;
+
+}  // namespace
+
+uint64_t WeightStream::Chunk::length() const {
+  uint64_t n = 0;
+  for (const ChunkPiece& piece : pieces) n += piece.length;
+  return n;
+}
+
+void WeightStream::Chunk::ToMessage(v1::WeightChunk* message) const {
+  message->Clear();
+  message->set_offset(offset);
+  message->set_total_bytes(total_bytes);
+  message->set_digest(digest);
+  std::string* data = message->mutable_data();
+  data->reserve(length());
+  for (const ChunkPiece& piece : pieces) data->append(piece.data, piece.length);
+}
 
 absl::StatusOr<std::unique_ptr<WeightStream>> WeightStream::Open(
-    std::shared_ptr<const memory::Arena> arena, SafetensorsFile file,
-    uint64_t offset, uint32_t chunk_bytes) {
+    std::shared_ptr<const memory::Arena> arena,
+    std::shared_ptr<const WeightFile> file, uint64_t offset,
+    uint32_t chunk_bytes, FileDigest digest) {
   if (chunk_bytes > kMaxChunkBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes: ", chunk_bytes, " is above the limit of ",
                      kMaxChunkBytes));
   }
-  if (offset > file.size()) {
+  if (offset > file->size()) {
     return absl::OutOfRangeError(
         absl::StrCat("offset: ", offset, " is past the end of the ",
-                     file.size(), "-byte file"));
+                     file->size(), "-byte file"));
   }
   if (chunk_bytes == 0) chunk_bytes = kDefaultChunkBytes;
   return std::unique_ptr<WeightStream>(
-      new WeightStream(std::move(arena), std::move(file), offset, chunk_bytes));
+      new WeightStream(std::move(arena), std::move(file), offset, chunk_bytes,
+                       std::move(digest)));
 }
 
 WeightStream::WeightStream(std::shared_ptr<const memory::Arena> arena,
-                           SafetensorsFile file, uint64_t offset,
-                           uint32_t chunk_bytes)
+                           std::shared_ptr<const WeightFile> file,
+                           uint64_t offset, uint32_t chunk_bytes,
+                           FileDigest digest)
     : arena_(std::move(arena)),
       file_(std::move(file)),
       position_(offset),
-      chunk_bytes_(chunk_bytes) {}
+      chunk_bytes_(chunk_bytes),
+      digest_(std::move(digest)) {
+  if (arena_->host_data() == nullptr && arena_->bytes() > 0) {
+    // CUDA arena: pinned double buffers if the runtime is there, else
+    // plain (synchronous) copies.
+    absl::StatusOr<std::unique_ptr<memory::HostStaging>> staging =
+        memory::HostStaging::Create(*arena_, chunk_bytes_);
+    if (staging.ok()) staging_ = std::move(*staging);
+    PrefetchFrom(position_);
+  }
+}
 
-absl::Status WeightStream::Next(v1::WeightChunk* chunk) {
+WeightStream::~WeightStream() = default;
+
+absl::StatusOr<const char*> WeightStream::SourceBytes(uint64_t offset,
+                                                      uint64_t length,
+                                                      std::string* copy) {
+  if (offset > arena_->bytes() || length > arena_->bytes() - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "arena range [", offset, ", ", offset + length, ") is outside its ",
+        arena_->bytes(), " bytes"));
+  }
+  if (arena_->host_data() != nullptr) {
+    return reinterpret_cast<const char*>(arena_->host_data()) + offset;
+  }
+  copy->resize(length);
+  if (staging_ != nullptr && length <= staging_->buffer_bytes()) {
+    RETURN_IF_ERROR(staging_->CopyOut(offset, length, copy->data()));
+  } else {
+    RETURN_IF_ERROR(arena_->CopyToHost(offset, length, copy->data()));
+  }
+  return copy->data();
+}
+
+void WeightStream::PrefetchFrom(uint64_t offset) {
+  if (staging_ == nullptr || offset >= file_->size()) return;
   const uint64_t length =
-      std::min<uint64_t>(chunk_bytes_, file_.size() - position_);
-  chunk->Clear();
-  chunk->set_offset(position_);
-  chunk->set_total_bytes(file_.size());
-  const memory::Arena* arena = arena_.get();
-  absl::Status status = file_.Read(
-      position_, length,
-      [arena](uint64_t offset, uint64_t n, void* dst) {
-        return arena->CopyToHost(offset, n, dst);
-      },
-      chunk->mutable_data());
-  if (!status.ok()) return status;
+      std::min<uint64_t>(chunk_bytes_, file_->size() - offset);
+  bool started = false;
+  file_->ForEachPiece(offset, length, [&](const Piece& piece) {
+         if (started || piece.kind != Piece::Kind::kSource) {
+           return absl::OkStatus();
+         }
+         started = true;
+         // Best effort: a failed prefetch is retried by the real copy.
+         staging_->Prefetch(piece.source_offset, piece.length).IgnoreError();
+         return absl::OkStatus();
+       })
+      .IgnoreError();
+}
+
+absl::Status WeightStream::HashUntil(uint64_t until) {
+  if (until <= hashed_) return absl::OkStatus();
+  std::string copy;
+  RETURN_IF_ERROR(file_->ForEachPiece(
+      hashed_, until - hashed_, [&](const Piece& piece) -> absl::Status {
+        if (piece.kind != Piece::Kind::kSource) {
+          hasher_.Update(piece.data, piece.length);
+          return absl::OkStatus();
+        }
+        // Bounded copies for CUDA arenas: at most one chunk at a time.
+        for (uint64_t done = 0; done < piece.length;) {
+          const uint64_t n =
+              std::min<uint64_t>(piece.length - done,
+                                 arena_->host_data() != nullptr
+                                     ? piece.length
+                                     : uint64_t{chunk_bytes_});
+          ASSIGN_OR_RETURN(const char* bytes,
+                           SourceBytes(piece.source_offset + done, n, &copy));
+          hasher_.Update(bytes, n);
+          done += n;
+        }
+        return absl::OkStatus();
+      }));
+  hashed_ = until;
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::Next(Chunk* chunk) {
+  const uint64_t total = file_->size();
+  const uint64_t length = std::min<uint64_t>(chunk_bytes_, total - position_);
+  const bool last = position_ + length >= total;
+  chunk->offset = position_;
+  chunk->total_bytes = total;
+  chunk->digest.clear();
+  chunk->pieces.clear();
+
+  const bool hashing = digest_.known.empty();
+  // A resumed fetch first catches up on the prefix it does not send.
+  if (hashing && hashed_ < position_) {
+    RETURN_IF_ERROR(HashUntil(
+        last ? position_
+             : std::min(position_, hashed_ + kCatchUpPerChunk + length)));
+  }
+  const bool hash_inline = hashing && hashed_ == position_;
+
+  // The last chunk, and every chunk of a device arena, is one buffer the
+  // chunk owns; other chunks reference the arena and the file.
+  const bool copy_all = last || arena_->host_data() == nullptr;
+  std::shared_ptr<std::string> owned;
+  if (copy_all) {
+    owned = std::make_shared<std::string>();
+    owned->reserve(length);
+  }
+  std::string scratch;
+  RETURN_IF_ERROR(file_->ForEachPiece(
+      position_, length, [&](const Piece& piece) -> absl::Status {
+        const char* data = piece.data;
+        if (piece.kind == Piece::Kind::kSource) {
+          ASSIGN_OR_RETURN(data, SourceBytes(piece.source_offset,
+                                             piece.length, &scratch));
+        }
+        if (hash_inline) hasher_.Update(data, piece.length);
+        if (copy_all) {
+          owned->append(data, piece.length);
+          return absl::OkStatus();
+        }
+        ChunkPiece out;
+        out.data = data;
+        out.length = piece.length;
+        if (piece.kind == Piece::Kind::kSource) {
+          out.keepalive = arena_;
+        } else if (piece.kind == Piece::Kind::kLiteral) {
+          out.keepalive = file_;
+        }  // zeros: a static page
+        // Merge with the previous piece when contiguous (same memory).
+        if (!chunk->pieces.empty()) {
+          ChunkPiece& previous = chunk->pieces.back();
+          if (previous.data + previous.length == out.data &&
+              previous.keepalive == out.keepalive) {
+            previous.length += out.length;
+            return absl::OkStatus();
+          }
+        }
+        chunk->pieces.push_back(std::move(out));
+        return absl::OkStatus();
+      }));
+  if (hash_inline) hashed_ = position_ + length;
+  if (copy_all && length > 0) {
+    ChunkPiece out;
+    out.data = owned->data();
+    out.length = owned->size();
+    out.keepalive = owned;
+    chunk->pieces.push_back(std::move(out));
+  }
   position_ += length;
   sent_any_ = true;
+
+  if (last) {
+    if (hashing) {
+      RETURN_IF_ERROR(HashUntil(total));
+      chunk->digest = FormatDigest(hasher_.Finish());
+      if (digest_.on_computed) digest_.on_computed(chunk->digest);
+    } else {
+      chunk->digest = digest_.known;
+    }
+  } else {
+    PrefetchFrom(position_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::Next(v1::WeightChunk* message) {
+  Chunk chunk;
+  RETURN_IF_ERROR(Next(&chunk));
+  chunk.ToMessage(message);
   return absl::OkStatus();
 }
 

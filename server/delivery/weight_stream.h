@@ -1,12 +1,36 @@
 #ifndef MATERIALIZER_SERVER_DELIVERY_WEIGHT_STREAM_H_
 #define MATERIALIZER_SERVER_DELIVERY_WEIGHT_STREAM_H_
 
+// The chunks of one fetch, produced in order from a start offset to the end
+// of a WeightFile, without copying tensor bytes out of host arenas.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<WeightStream> stream,
+//                    WeightStream::Open(arena, file, offset, 0, digest));
+//   while (!stream->done()) {
+//     WeightStream::Chunk chunk;
+//     RETURN_IF_ERROR(stream->Next(&chunk));
+//     ...  // send chunk.pieces; each keeps its memory alive
+//   }
+//
+// Memory: a chunk of a CPU arena references the arena's pages (each piece
+// holds a reference to the arena), so producing it allocates nothing but
+// the piece list. A chunk of a CUDA arena is copied device -> pinned
+// staging buffer -> a buffer the chunk owns; the stream keeps two pinned
+// buffers and starts copying the next chunk's first range while the
+// current one is being sent. The last chunk is always a copy, so the
+// stream (and its arena reference) can be dropped as soon as the last chunk
+// exists. docs/delivery.md states the resulting bound per fetch.
+
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
-#include "server/delivery/safetensors.h"
+#include "server/delivery/digest.h"
+#include "server/delivery/weight_file.h"
 #include "server/memory/arena.h"
 
 namespace materializer::delivery {
@@ -16,38 +40,93 @@ inline constexpr uint32_t kDefaultChunkBytes = 1 << 20;
 // gRPC's default 4 MiB receive limit, so no client has to raise it.
 inline constexpr uint32_t kMaxChunkBytes = (4 << 20) - (4 << 10);
 
-// Produces the chunks of one fetch, in order, from `offset` to the end of the
-// file. Holds a reference to the arena, so the bytes stay valid (and
-// counted in the ledger) until the stream is destroyed, even if the handle
-// is released meanwhile.
-//
-// Thread-compatible: one caller at a time.
+// How a stream gets the digest of the whole file: known already (cached
+// from an earlier fetch or DescribeFile), or computed while streaming and
+// then handed to `on_computed` (which caches it).
+struct FileDigest {
+  std::string known;
+  std::function<void(const std::string& digest)> on_computed;
+};
+
+// Thread-compatible: one caller at a time. Holds a reference to the arena,
+// so the bytes stay valid (and counted in the ledger) until the stream and
+// every chunk it produced are destroyed, even if the handle is released
+// meanwhile.
 class WeightStream {
  public:
+  struct ChunkPiece {
+    const char* data = nullptr;
+    uint64_t length = 0;
+    // Keeps `data` valid (the arena, the file, or a buffer of the chunk).
+    std::shared_ptr<const void> keepalive;
+  };
+
+  struct Chunk {
+    uint64_t offset = 0;
+    uint64_t total_bytes = 0;
+    // Set in the last chunk: the whole file's digest.
+    std::string digest;
+    std::vector<ChunkPiece> pieces;
+
+    uint64_t length() const;
+    // The chunk as a message (copies the bytes; for tests and callers that
+    // do not send pieces).
+    void ToMessage(v1::WeightChunk* message) const;
+  };
+
   // OUT_OF_RANGE if `offset` is past the end of the file; INVALID_ARGUMENT
   // if `chunk_bytes` exceeds kMaxChunkBytes (0 means kDefaultChunkBytes).
   static absl::StatusOr<std::unique_ptr<WeightStream>> Open(
-      std::shared_ptr<const memory::Arena> arena, SafetensorsFile file,
-      uint64_t offset, uint32_t chunk_bytes);
+      std::shared_ptr<const memory::Arena> arena,
+      std::shared_ptr<const WeightFile> file, uint64_t offset,
+      uint32_t chunk_bytes, FileDigest digest);
 
-  uint64_t total_bytes() const { return file_.size(); }
+  ~WeightStream();
+  WeightStream(const WeightStream&) = delete;
+  WeightStream& operator=(const WeightStream&) = delete;
+
+  uint64_t total_bytes() const { return file_->size(); }
   uint64_t position() const { return position_; }
-  bool done() const { return position_ >= file_.size() && sent_any_; }
+  bool done() const { return position_ >= file_->size() && sent_any_; }
 
-  // Fills `chunk` with the next up to chunk_bytes bytes. A fetch that
-  // starts at the end of the file yields exactly one empty chunk, so the
-  // client still learns total_bytes.
-  absl::Status Next(v1::WeightChunk* chunk);
+  // The next up to chunk_bytes bytes. A fetch that starts at the end of the
+  // file yields exactly one empty chunk, so the client still learns
+  // total_bytes and the digest.
+  absl::Status Next(Chunk* chunk);
+
+  // Compatibility: the next chunk as a message (a copy).
+  absl::Status Next(v1::WeightChunk* message);
 
  private:
   WeightStream(std::shared_ptr<const memory::Arena> arena,
-               SafetensorsFile file, uint64_t offset, uint32_t chunk_bytes);
+               std::shared_ptr<const WeightFile> file, uint64_t offset,
+               uint32_t chunk_bytes, FileDigest digest);
+
+  // Host bytes of source range [offset, offset + length): a pointer into a
+  // host arena, or a copy (through the staging buffers) into *copy.
+  absl::StatusOr<const char*> SourceBytes(uint64_t offset, uint64_t length,
+                                          std::string* copy);
+  // Hashes file bytes [hashed_, until).
+  absl::Status HashUntil(uint64_t until);
+  // Starts copying the first source range at or after `offset` into
+  // staging (CUDA arenas only).
+  void PrefetchFrom(uint64_t offset);
 
   std::shared_ptr<const memory::Arena> arena_;
-  SafetensorsFile file_;
+  std::shared_ptr<const WeightFile> file_;
   uint64_t position_;
   uint32_t chunk_bytes_;
   bool sent_any_ = false;
+
+  FileDigest digest_;
+  // Whole-file hashing, when the digest is not known: bytes [0, hashed_)
+  // are in hasher_.
+  Hasher hasher_;
+  uint64_t hashed_ = 0;
+
+  // Device-to-host staging (CUDA arenas); null for host arenas or when
+  // CUDA staging is unavailable (then arena->CopyToHost is used).
+  std::unique_ptr<memory::HostStaging> staging_;
 };
 
 }  // namespace materializer::delivery

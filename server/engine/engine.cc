@@ -66,6 +66,12 @@ google::protobuf::Timestamp ToProto(absl::Time time) {
       absl::ToUnixMicros(time));
 }
 
+memory::ArenaOptions ArenaOptionsFor(const registry::HandleSpec& spec) {
+  memory::ArenaOptions options;
+  options.shared_memory = spec.exportable;
+  return options;
+}
+
 // Allocates the arena (to_empty) and runs every init; on success the handle
 // becomes READY. On failure the reservation or arena is dropped, which
 // returns the bytes to the ledger.
@@ -78,7 +84,7 @@ absl::Status Build(registry::Handle& handle, memory::Reservation reservation,
   ASSIGN_OR_RETURN(
       std::unique_ptr<memory::Arena> arena,
       memory::Arena::Allocate(std::move(reservation), spec.tensors,
-                              spec.layout));
+                              spec.layout, ArenaOptionsFor(spec)));
   timings->set_allocate_us(MicrosSince(allocate_start));
 
   const absl::Time init_start = absl::Now();
@@ -225,6 +231,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
   spec.layout = std::move(prepared.layout);
   spec.seed = request.model().seed();
+  spec.exportable = request.exportable();
   spec.rng = init::EffectiveRngMode(request.model().rng());
   // A handle belongs to the caller's session, or holds a lease of its own.
   std::shared_ptr<registry::Handle> handle;
@@ -335,13 +342,15 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
                                        t.shard_offset.end());
     }
   }
+  RETURN_IF_ERROR(AddDeliveryInfo(*handle, &info));
   return info;
 }
 
 absl::StatusOr<v1::ReleaseResponse> Engine::Release(
     const Caller& caller, const v1::ReleaseRequest& request) {
   ASSIGN_OR_RETURN(registry::ReleaseResult result,
-                   registry_->Release(caller.identity, request.handle()));
+                   registry_->Release(caller.identity, request.handle(),
+                                      request.force()));
   v1::ReleaseResponse response;
   response.set_released(result.released);
   response.set_freed_bytes(result.freed_bytes);

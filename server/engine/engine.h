@@ -75,6 +75,28 @@ class Engine {
   absl::StatusOr<std::unique_ptr<delivery::WeightStream>> OpenFetch(
       const Caller& caller, const v1::FetchRequest& request) const;
 
+  // The layout OpenFetch would stream for the same request: size, digest
+  // and each tensor's byte range. Computes (and caches) digests on first
+  // use, so it can take a while for a large handle.
+  absl::StatusOr<v1::FileLayout> DescribeFile(
+      const Caller& caller, const v1::FetchRequest& request) const;
+
+  // Fills the delivery fields of Describe's answer for `handle`: per-tensor
+  // digests and the handle digest (READY only; computed on first use and
+  // cached) and the number of live exports. `info->tensors` must be in
+  // spec order.
+  absl::Status AddDeliveryInfo(const registry::Handle& handle,
+                               v1::HandleInfo* info) const;
+
+  // Zero-copy export of a READY handle to a co-located process: a
+  // shared-memory file (CPU arenas materialized with exportable) or a CUDA
+  // IPC handle. The handle cannot be released while exported unless the
+  // release is forced.
+  absl::StatusOr<v1::ExportResponse> ExportHandle(
+      const Caller& caller, const v1::ExportRequest& request);
+  absl::StatusOr<v1::CloseExportResponse> CloseExport(
+      const Caller& caller, const v1::CloseExportRequest& request);
+
   absl::StatusOr<v1::ReleaseResponse> Release(
       const Caller& caller, const v1::ReleaseRequest& request);
 

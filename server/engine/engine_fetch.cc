@@ -1,13 +1,22 @@
-// The fetch paths of Engine: which bytes a client gets, in which layout.
+// The fetch paths of Engine: which bytes a client gets, in which layout,
+// and their digests.
 
+#include <algorithm>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
-#include "server/delivery/safetensors.h"
+#include "server/delivery/digest.h"
+#include "server/delivery/weight_file.h"
 #include "server/engine/engine.h"
+#include "server/init/glob.h"
+#include "server/memory/arena.h"
 
 namespace materializer::engine {
 namespace {
@@ -29,61 +38,350 @@ absl::Status MetaOnly(const registry::Handle& handle, v1::HandleState state) {
       "HANDLE_STATE_READY."));
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
-    const Caller& caller, const v1::FetchRequest& request) const {
-  if (request.format() != v1::WEIGHT_FORMAT_UNSPECIFIED &&
-      request.format() != v1::WEIGHT_FORMAT_SAFETENSORS) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "format: unknown format ", request.format(),
-        "; this server writes WEIGHT_FORMAT_SAFETENSORS"));
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
-                   registry_->Get(caller.identity, request.handle()));
-  const v1::HandleState state = handle->state();
-  if (state != v1::HANDLE_STATE_READY) return MetaOnly(*handle, state);
-  std::shared_ptr<const memory::Arena> arena = handle->arena();
+// The arena of a READY handle.
+absl::StatusOr<std::shared_ptr<const memory::Arena>> ReadyArena(
+    const registry::Handle& handle) {
+  const v1::HandleState state = handle.state();
+  if (state != v1::HANDLE_STATE_READY) return MetaOnly(handle, state);
+  std::shared_ptr<const memory::Arena> arena = handle.arena();
   if (arena == nullptr) {  // released between Get and here
     return absl::NotFoundError(
-        absl::StrCat("handle \"", request.handle(), "\" was just released"));
+        absl::StrCat("handle \"", handle.id(), "\" was just released"));
   }
+  return arena;
+}
 
-  const registry::HandleSpec& spec = handle->spec();
-  std::vector<delivery::FileTensor> entries;
-  std::vector<std::pair<std::string, std::string>> metadata = {
-      {"format", "pt"}};
-  entries.reserve(spec.tensors.size());
-  // With write_ties_once, each group of tied tensors is written once, under
-  // its first included name (the root when it is included).
+// Reads arena bytes [offset, offset + length) in host-sized pieces and
+// passes each to `use` (no copy for host arenas).
+template <typename Use>
+absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
+                       uint64_t length, Use use) {
+  if (arena.host_data() != nullptr) {
+    use(reinterpret_cast<const char*>(arena.host_data()) + offset, length);
+    return absl::OkStatus();
+  }
+  constexpr uint64_t kPiece = uint64_t{64} << 20;
+  std::string buffer(std::min(length, kPiece), '\0');
+  for (uint64_t done = 0; done < length;) {
+    const uint64_t n = std::min(kPiece, length - done);
+    RETURN_IF_ERROR(arena.CopyToHost(offset + done, n, buffer.data()));
+    use(buffer.data(), n);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+// Per-tensor digests in spec order; tied tensors repeat their root's.
+absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>>
+TensorDigests(const registry::Handle& handle, const memory::Arena& arena) {
+  return handle.TensorDigests(
+      [&]() -> absl::StatusOr<registry::Handle::Digests> {
+        const registry::HandleSpec& spec = handle.spec();
+        registry::Handle::Digests digests(spec.tensors.size());
+        for (size_t i = 0; i < spec.tensors.size(); ++i) {
+          if (spec.tensors[i].tie_root >= 0) continue;
+          delivery::Hasher hasher;
+          RETURN_IF_ERROR(ScanArena(
+              arena, spec.layout.offsets[i], spec.tensors[i].nbytes,
+              [&](const char* data, uint64_t n) { hasher.Update(data, n); }));
+          digests[i] = delivery::FormatDigest(hasher.Finish());
+        }
+        for (size_t i = 0; i < spec.tensors.size(); ++i) {
+          const int root = spec.tensors[i].tie_root;
+          if (root >= 0) digests[i] = digests[root];
+        }
+        return digests;
+      });
+}
+
+absl::StatusOr<std::shared_ptr<const registry::Handle::Crcs>> TensorCrcs(
+    const registry::Handle& handle, const memory::Arena& arena) {
+  return handle.TensorCrcs([&]() -> absl::StatusOr<registry::Handle::Crcs> {
+    const registry::HandleSpec& spec = handle.spec();
+    registry::Handle::Crcs crcs(spec.tensors.size());
+    for (size_t i = 0; i < spec.tensors.size(); ++i) {
+      if (spec.tensors[i].tie_root >= 0) continue;
+      uint32_t crc = 0;
+      RETURN_IF_ERROR(ScanArena(
+          arena, spec.layout.offsets[i], spec.tensors[i].nbytes,
+          [&](const char* data, uint64_t n) {
+            crc = delivery::Crc32(data, n, crc);
+          }));
+      crcs[i] = crc;
+    }
+    for (size_t i = 0; i < spec.tensors.size(); ++i) {
+      const int root = spec.tensors[i].tie_root;
+      if (root >= 0) crcs[i] = crcs[root];
+    }
+    return crcs;
+  });
+}
+
+// "xxh3-128:<32 hex>" -> its 16 canonical bytes, appended to *out.
+void AppendDigestBytes(const std::string& digest, std::string* out) {
+  const std::string hex = digest.substr(delivery::kDigestPrefix.size());
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out->push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+}
+
+// Checks the include/exclude globs and says which tensors a request
+// writes: the indices into spec.tensors, and the safetensors metadata.
+struct Selection {
+  std::vector<size_t> indices;
+  std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+absl::StatusOr<Selection> Select(const registry::Handle& handle,
+                                 const v1::FetchRequest& request) {
+  const registry::HandleSpec& spec = handle.spec();
+  const bool non_persistent = request.include_non_persistent();
+  auto eligible = [&](size_t i) {
+    return spec.tensors[i].persistent || non_persistent;
+  };
+  // Every pattern must be a valid glob and match some tensor the file could
+  // hold: a pattern that matches nothing is almost always a typo.
+  auto check = [&](const char* field, const auto& patterns) -> absl::Status {
+    for (int k = 0; k < patterns.size(); ++k) {
+      const std::string& pattern = patterns[k];
+      if (absl::Status s = init::CheckGlob(pattern); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, "[", k, "] (\"", pattern, "\"): ", s.message()));
+      }
+      bool matched = false;
+      bool matched_non_persistent = false;
+      for (size_t i = 0; i < spec.tensors.size() && !matched; ++i) {
+        if (!init::GlobMatch(pattern, spec.tensors[i].name)) continue;
+        if (eligible(i)) {
+          matched = true;
+        } else {
+          matched_non_persistent = true;
+        }
+      }
+      if (!matched) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, "[", k, "] (\"", pattern, "\") matches no tensor of handle ",
+            handle.id(),
+            matched_non_persistent
+                ? " that the file would hold: it matches only non-persistent "
+                  "buffers, which are written only with "
+                  "include_non_persistent"
+                : ""));
+      }
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check("include", request.include()));
+  RETURN_IF_ERROR(check("exclude", request.exclude()));
+
+  auto any_match = [](const auto& patterns, const std::string& name) {
+    for (const std::string& pattern : patterns) {
+      if (init::GlobMatch(pattern, name)) return true;
+    }
+    return false;
+  };
+  Selection selection;
+  const bool safetensors =
+      request.format() == v1::WEIGHT_FORMAT_UNSPECIFIED ||
+      request.format() == v1::WEIGHT_FORMAT_SAFETENSORS;
+  if (safetensors) selection.metadata.emplace_back("format", "pt");
+  std::vector<char> selected(spec.tensors.size(), 0);
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const std::string& name = spec.tensors[i].name;
+    selected[i] = eligible(i) &&
+                  (request.include().empty() ||
+                   any_match(request.include(), name)) &&
+                  !any_match(request.exclude(), name);
+  }
+  // With write_ties_once (safetensors), each group of tied tensors is
+  // written once, under its first selected name (the root when it is
+  // selected); the others are recorded as ties.
   std::vector<int> carrier(spec.tensors.size(), -1);
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    if (!selected[i]) continue;
     const spec::TensorDesc& t = spec.tensors[i];
-    if (!t.persistent && !request.include_non_persistent()) continue;
     const int root = t.tie_root >= 0 ? t.tie_root : static_cast<int>(i);
-    if (request.write_ties_once()) {
-      const bool root_included =
-          spec.tensors[root].persistent || request.include_non_persistent();
+    if (safetensors && request.write_ties_once()) {
       int& written = carrier[root];
-      if (written < 0) written = root_included ? root : static_cast<int>(i);
+      if (written < 0) {
+        written = selected[root] ? root : static_cast<int>(i);
+      }
       if (written != static_cast<int>(i)) {
-        metadata.emplace_back(absl::StrCat("tie:", t.name),
-                              spec.tensors[written].name);
+        selection.metadata.emplace_back(absl::StrCat("tie:", t.name),
+                                        spec.tensors[written].name);
         continue;
       }
     }
-    delivery::FileTensor entry;
+    selection.indices.push_back(i);
+  }
+  if (selection.indices.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "include/exclude leave no tensor of handle ", handle.id(),
+        " to write (include: [", absl::StrJoin(request.include(), ", "),
+        "], exclude: [", absl::StrJoin(request.exclude(), ", "), "])"));
+  }
+  return selection;
+}
+
+// Identifies a file of a handle for the digest cache.
+std::string FileKey(const v1::FetchRequest& request) {
+  const v1::WeightFormat format =
+      request.format() == v1::WEIGHT_FORMAT_UNSPECIFIED
+          ? v1::WEIGHT_FORMAT_SAFETENSORS
+          : request.format();
+  return absl::StrCat(static_cast<int>(format), "|",
+                      request.include_non_persistent() ? 1 : 0, "|",
+                      request.write_ties_once() ? 1 : 0, "|",
+                      absl::StrJoin(request.include(), "\x1f"), "|",
+                      absl::StrJoin(request.exclude(), "\x1f"));
+}
+
+// The file a request describes, over a READY handle's arena.
+absl::StatusOr<std::shared_ptr<const delivery::WeightFile>> BuildFile(
+    const registry::Handle& handle, const memory::Arena& arena,
+    const v1::FetchRequest& request) {
+  if (!v1::WeightFormat_IsValid(request.format())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: unknown format ", request.format(),
+        "; expected WEIGHT_FORMAT_SAFETENSORS, WEIGHT_FORMAT_TORCH or "
+        "WEIGHT_FORMAT_RAW"));
+  }
+  ASSIGN_OR_RETURN(Selection selection, Select(handle, request));
+  std::shared_ptr<const registry::Handle::Crcs> crcs;
+  if (request.format() == v1::WEIGHT_FORMAT_TORCH) {
+    ASSIGN_OR_RETURN(crcs, TensorCrcs(handle, arena));
+  }
+  const registry::HandleSpec& spec = handle.spec();
+  std::vector<delivery::SourceTensor> tensors;
+  tensors.reserve(selection.indices.size());
+  for (size_t i : selection.indices) {
+    const spec::TensorDesc& t = spec.tensors[i];
+    delivery::SourceTensor entry;
     entry.name = t.name;
     entry.dtype = t.dtype;
     entry.shape = t.shape;
     entry.nbytes = t.nbytes;
     entry.source_offset = spec.layout.offsets[i];
-    entries.push_back(std::move(entry));
+    entry.group = t.tie_root >= 0 ? t.tie_root : static_cast<int64_t>(i);
+    if (crcs != nullptr) entry.crc32 = (*crcs)[i];
+    tensors.push_back(std::move(entry));
   }
-  delivery::SafetensorsFile file =
-      delivery::SafetensorsFile::Build(std::move(entries), metadata);
+  ASSIGN_OR_RETURN(
+      delivery::WeightFile file,
+      delivery::BuildWeightFile(request.format(), tensors, selection.metadata));
+  return std::make_shared<const delivery::WeightFile>(std::move(file));
+}
+
+// The whole file's digest: cached, or computed now and cached.
+absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
+                                         const memory::Arena& arena,
+                                         const delivery::WeightFile& file,
+                                         const std::string& key) {
+  std::string digest = handle.FileDigest(key);
+  if (!digest.empty()) return digest;
+  delivery::Hasher hasher;
+  absl::Status read = file.ForEachPiece(
+      0, file.size(), [&](const delivery::Piece& piece) -> absl::Status {
+        if (piece.kind != delivery::Piece::Kind::kSource) {
+          hasher.Update(piece.data, piece.length);
+          return absl::OkStatus();
+        }
+        return ScanArena(arena, piece.source_offset, piece.length,
+                         [&](const char* data, uint64_t n) {
+                           hasher.Update(data, n);
+                         });
+      });
+  RETURN_IF_ERROR(read);
+  digest = delivery::FormatDigest(hasher.Finish());
+  handle.SetFileDigest(key, digest);
+  return digest;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
+    const Caller& caller, const v1::FetchRequest& request) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
+                   registry_->Get(caller.identity, request.handle()));
+  ASSIGN_OR_RETURN(std::shared_ptr<const memory::Arena> arena,
+                   ReadyArena(*handle));
+  ASSIGN_OR_RETURN(std::shared_ptr<const delivery::WeightFile> file,
+                   BuildFile(*handle, *arena, request));
+  const std::string key = FileKey(request);
+  delivery::FileDigest digest;
+  digest.known = handle->FileDigest(key);
+  if (digest.known.empty()) {
+    // The stream hashes the file as it goes and caches the result. It
+    // holds the handle weakly: a released handle needs no cache.
+    std::weak_ptr<const registry::Handle> weak = handle;
+    digest.on_computed = [weak, key](const std::string& value) {
+      if (auto held = weak.lock()) held->SetFileDigest(key, value);
+    };
+  }
   return delivery::WeightStream::Open(std::move(arena), std::move(file),
-                                      request.offset(), request.chunk_bytes());
+                                      request.offset(), request.chunk_bytes(),
+                                      std::move(digest));
+}
+
+absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
+    const Caller& caller, const v1::FetchRequest& request) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
+                   registry_->Get(caller.identity, request.handle()));
+  ASSIGN_OR_RETURN(std::shared_ptr<const memory::Arena> arena,
+                   ReadyArena(*handle));
+  ASSIGN_OR_RETURN(std::shared_ptr<const delivery::WeightFile> file,
+                   BuildFile(*handle, *arena, request));
+  if (request.offset() > file->size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("offset: ", request.offset(), " is past the end of the ",
+                     file->size(), "-byte file"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
+                   TensorDigests(*handle, *arena));
+  ASSIGN_OR_RETURN(std::string digest,
+                   FileDigestOf(*handle, *arena, *file, FileKey(request)));
+
+  // Ranges index the selection; map them back to spec indices by name.
+  const registry::HandleSpec& spec = handle->spec();
+  absl::flat_hash_map<std::string, size_t> index;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) index[spec.tensors[i].name] = i;
+  v1::FileLayout layout;
+  layout.set_total_bytes(file->size());
+  layout.set_digest(digest);
+  layout.set_format(file->format());
+  for (const delivery::FileRange& range : file->ranges()) {
+    v1::FileEntry* entry = layout.add_entries();
+    entry->set_name(range.name);
+    entry->set_dtype(spec::Name(range.dtype));
+    entry->mutable_shape()->Add(range.shape.begin(), range.shape.end());
+    entry->set_offset(range.offset);
+    entry->set_nbytes(range.nbytes);
+    entry->set_digest((*digests)[index.at(range.name)]);
+  }
+  return layout;
+}
+
+absl::Status Engine::AddDeliveryInfo(const registry::Handle& handle,
+                                     v1::HandleInfo* info) const {
+  info->set_exports(handle.num_exports());
+  if (handle.state() != v1::HANDLE_STATE_READY) return absl::OkStatus();
+  std::shared_ptr<const memory::Arena> arena = handle.arena();
+  if (arena == nullptr) return absl::OkStatus();  // released meanwhile
+  ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
+                   TensorDigests(handle, *arena));
+  std::string concatenated;
+  concatenated.reserve(digests->size() * 16);
+  for (int i = 0; i < info->tensors_size() &&
+                  i < static_cast<int>(digests->size());
+       ++i) {
+    info->mutable_tensors(i)->set_digest((*digests)[i]);
+  }
+  for (const std::string& digest : *digests) {
+    AppendDigestBytes(digest, &concatenated);
+  }
+  info->set_digest(delivery::FormatDigest(
+      delivery::HashBytes(concatenated.data(), concatenated.size())));
+  return absl::OkStatus();
 }
 
 }  // namespace materializer::engine

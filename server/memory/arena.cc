@@ -1,15 +1,29 @@
 #include "server/memory/arena.h"
 
+#include <dirent.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <type_traits>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/strides.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/torch_guard.h"
 #include "server/common/units.h"
@@ -57,6 +71,281 @@ absl::StatusOr<at::Tensor> AllocateHostStorage(uint64_t bytes,
   return storage;
 }
 
+
+// ---------------------------------------------------------------------------
+// The CUDA runtime and driver, looked up rather than linked (as in
+// device.cc), so the same binary runs where there is no CUDA.
+// ---------------------------------------------------------------------------
+
+struct CudaApi {
+  using Int = int (*)(int);
+  using IntPtr = int (*)(int*);
+  using Malloc = int (*)(void**, size_t);
+  using Free = int (*)(void*);
+  using HostAlloc = int (*)(void**, size_t, unsigned);
+  using StreamCreate = int (*)(void**, unsigned);
+  using StreamDestroy = int (*)(void*);
+  using MemcpyAsync = int (*)(void*, const void*, size_t, int, void*);
+  using EventCreate = int (*)(void**, unsigned);
+  using EventRecord = int (*)(void*, void*);
+  using EventSync = int (*)(void*);
+  using EventDestroy = int (*)(void*);
+  using IpcGetMemHandle = int (*)(void* handle, void* ptr);
+  using DeviceGet = int (*)(int*, int);
+  using DeviceGetUuid = int (*)(void* uuid16, int device);
+
+  Int set_device = nullptr;
+  IntPtr get_device = nullptr;
+  Malloc malloc = nullptr;
+  Free free = nullptr;
+  HostAlloc host_alloc = nullptr;
+  Free free_host = nullptr;
+  StreamCreate stream_create = nullptr;
+  StreamDestroy stream_destroy = nullptr;
+  MemcpyAsync memcpy_async = nullptr;
+  EventCreate event_create = nullptr;
+  EventRecord event_record = nullptr;
+  EventSync event_synchronize = nullptr;
+  EventDestroy event_destroy = nullptr;
+  IpcGetMemHandle ipc_get_mem_handle = nullptr;
+  // Driver API (libcuda), for device UUIDs.
+  DeviceGet device_get = nullptr;
+  DeviceGetUuid device_get_uuid = nullptr;
+
+  bool runtime_ok() const {
+    return set_device && get_device && malloc && free && host_alloc &&
+           free_host && stream_create && stream_destroy && memcpy_async &&
+           event_create && event_record && event_synchronize &&
+           event_destroy && ipc_get_mem_handle;
+  }
+};
+
+// The runtime LibTorch loaded, or nullptr. Loaded once; never unloaded.
+const CudaApi* Cuda() {
+  static const CudaApi* api = [] () -> const CudaApi* {
+    void* runtime = nullptr;
+    for (const char* name :
+         {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+      runtime = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+      if (runtime != nullptr) break;
+    }
+    if (runtime == nullptr) return nullptr;
+    auto* out = new CudaApi;
+    auto sym = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(
+          dlsym(runtime, name));
+    };
+    sym(&out->set_device, "cudaSetDevice");
+    sym(&out->get_device, "cudaGetDevice");
+    sym(&out->malloc, "cudaMalloc");
+    sym(&out->free, "cudaFree");
+    sym(&out->host_alloc, "cudaHostAlloc");
+    sym(&out->free_host, "cudaFreeHost");
+    sym(&out->stream_create, "cudaStreamCreateWithFlags");
+    sym(&out->stream_destroy, "cudaStreamDestroy");
+    sym(&out->memcpy_async, "cudaMemcpyAsync");
+    sym(&out->event_create, "cudaEventCreateWithFlags");
+    sym(&out->event_record, "cudaEventRecord");
+    sym(&out->event_synchronize, "cudaEventSynchronize");
+    sym(&out->event_destroy, "cudaEventDestroy");
+    sym(&out->ipc_get_mem_handle, "cudaIpcGetMemHandle");
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (driver != nullptr) {
+      out->device_get =
+          reinterpret_cast<CudaApi::DeviceGet>(dlsym(driver, "cuDeviceGet"));
+      out->device_get_uuid = reinterpret_cast<CudaApi::DeviceGetUuid>(
+          dlsym(driver, "cuDeviceGetUuid_v2"));
+      if (out->device_get_uuid == nullptr) {
+        out->device_get_uuid = reinterpret_cast<CudaApi::DeviceGetUuid>(
+            dlsym(driver, "cuDeviceGetUuid"));
+      }
+    }
+    if (!out->runtime_ok()) {
+      delete out;
+      return nullptr;
+    }
+    return out;
+  }();
+  return api;
+}
+
+constexpr int kCudaMemcpyDeviceToHost = 2;
+constexpr unsigned kCudaStreamNonBlocking = 1;
+constexpr unsigned kCudaEventDisableTiming = 2;
+
+// Runs `body` with `ordinal` as the calling thread's current device.
+template <typename Body>
+int OnDevice(const CudaApi& cuda, int ordinal, Body body) {
+  int previous = 0;
+  cuda.get_device(&previous);
+  int error = cuda.set_device(ordinal);
+  if (error == 0) error = body();
+  cuda.set_device(previous);
+  return error;
+}
+
+absl::Status CudaError(absl::string_view what, int error) {
+  return absl::InternalError(
+      absl::StrCat(what, " failed: CUDA error ", error));
+}
+
+// ---------------------------------------------------------------------------
+// Shared-memory files.
+// ---------------------------------------------------------------------------
+
+constexpr char kShmPrefix[] = "materializer-";
+// Files older than this that no live server holds are leftovers of a
+// crash and are removed (the age keeps a concurrently starting server's
+// fresh file safe between its create and its flock).
+constexpr absl::Duration kStaleAge = absl::Minutes(1);
+
+std::string RandomHex128() {
+  unsigned char bytes[16];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::abort();  // no entropy: an unguessable name is impossible
+    }
+    filled += static_cast<size_t>(n);
+  }
+  std::string out;
+  for (unsigned char b : bytes) absl::StrAppend(&out, absl::Hex(b, absl::kZeroPad2));
+  return out;
+}
+
+// Removes this user's shared-memory arenas that no live process holds (a
+// server that crashed leaves them behind, holding memory). Once per
+// directory per process.
+void SweepStaleFiles(const std::string& dir) {
+  static std::mutex mu;
+  static std::vector<std::string>* swept = new std::vector<std::string>;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const std::string& done : *swept) {
+      if (done == dir) return;
+    }
+    swept->push_back(dir);
+  }
+  DIR* listing = opendir(dir.c_str());
+  if (listing == nullptr) return;
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  while (const dirent* entry = readdir(listing)) {
+    if (!absl::StartsWith(entry->d_name, kShmPrefix)) continue;
+    const std::string path = absl::StrCat(dir, "/", entry->d_name);
+    const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_uid == geteuid() &&
+        now - st.st_mtime > absl::ToInt64Seconds(kStaleAge) &&
+        flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      MLOG(WARNING) << "removing " << path
+                    << ": a shared-memory arena no live server holds";
+      unlink(path.c_str());
+    }
+    close(fd);
+  }
+  closedir(listing);
+}
+
+// A fresh file of `bytes` zero bytes under `dir`, mapped shared. Its blocks
+// are allocated up front, so a full /dev/shm is an error now rather than a
+// SIGBUS when init first touches a page.
+absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
+    uint64_t bytes, const std::string& dir, std::byte** data,
+    std::string* path, int* fd_out) {
+  SweepStaleFiles(dir);
+  const std::string name = absl::StrCat(dir, "/", kShmPrefix, RandomHex128());
+  const int fd = open(name.c_str(),
+                      O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot create shared memory ", name, ": ", std::strerror(errno)));
+  }
+  auto fail = [&](absl::Status status) {
+    close(fd);
+    unlink(name.c_str());
+    return status;
+  };
+  // The umask may have cleared bits of 0600 but never adds any; make it
+  // exactly owner read-write.
+  if (fchmod(fd, 0600) != 0 || flock(fd, LOCK_SH) != 0) {
+    return fail(absl::InternalError(
+        absl::StrCat("preparing ", name, ": ", std::strerror(errno))));
+  }
+  if (bytes > 0) {
+    const int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (error != 0) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", FormatBytes(bytes), " of shared memory in ",
+          dir, ": ", std::strerror(error))));
+    }
+  }
+  void* pages = nullptr;
+  if (bytes > 0) {
+    pages = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (pages == MAP_FAILED) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "cannot map ", FormatBytes(bytes), " of shared memory: ",
+          std::strerror(errno))));
+    }
+  }
+  at::Tensor storage;
+  const absl::Status status = GuardTorch("wrapping the arena", [&] {
+    if (pages == nullptr) {
+      storage = at::empty({0}, at::TensorOptions().dtype(at::kByte));
+    } else {
+      storage = at::from_blob(
+          pages, {static_cast<int64_t>(bytes)},
+          [bytes](void* p) { munmap(p, bytes); },
+          at::TensorOptions().dtype(at::kByte));
+    }
+  });
+  if (!status.ok()) {
+    if (pages != nullptr) munmap(pages, bytes);
+    return fail(status);
+  }
+  *data = static_cast<std::byte*>(pages);
+  *path = name;
+  *fd_out = fd;
+  return storage;
+}
+
+// A CUDA allocation of its own (not a block of LibTorch's caching
+// allocator, whose segments may hold other handles' tensors), so that its
+// IPC handle exposes this arena and nothing else.
+absl::StatusOr<at::Tensor> AllocateOwnCudaStorage(const CudaApi& cuda,
+                                                  int ordinal, uint64_t bytes,
+                                                  void** data) {
+  void* pointer = nullptr;
+  const int error = OnDevice(cuda, ordinal, [&] {
+    return cuda.malloc(&pointer, static_cast<size_t>(bytes));
+  });
+  if (error != 0 || pointer == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cudaMalloc of ", FormatBytes(bytes), " on cuda:", ordinal,
+        " failed: CUDA error ", error));
+  }
+  at::Tensor storage;
+  const CudaApi* api = &cuda;
+  const absl::Status status = GuardTorch("wrapping the CUDA arena", [&] {
+    storage = at::from_blob(
+        pointer, {static_cast<int64_t>(bytes)},
+        [api, ordinal](void* p) {
+          OnDevice(*api, ordinal, [&] { return api->free(p); });
+        },
+        at::TensorOptions().dtype(at::kByte).device(
+            at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(ordinal))));
+  });
+  if (!status.ok()) {
+    OnDevice(cuda, ordinal, [&] { return cuda.free(pointer); });
+    return status;
+  }
+  *data = pointer;
+  return storage;
+}
+
 absl::StatusOr<at::Tensor> AllocateCudaStorage(int ordinal, uint64_t bytes) {
   at::Tensor storage;
   RETURN_IF_ERROR(GuardTorch(
@@ -77,13 +366,67 @@ Arena::Arena(DeviceConfig device, uint64_t bytes)
       bytes_(bytes),
       tensors_(std::make_unique<ArenaTensors>()) {}
 
-Arena::~Arena() = default;
+Arena::~Arena() {
+  UnlinkSharedMemory();
+  // The views and the storage go first: the mapping (and a CUDA
+  // allocation) is freed before the descriptor and the ledger entry.
+  tensors_.reset();
+  if (shm_fd_ >= 0) close(shm_fd_);
+}
+
+void Arena::UnlinkSharedMemory() const {
+  if (shm_path_.empty() || shm_unlinked_.exchange(true)) return;
+  if (unlink(shm_path_.c_str()) != 0 && errno != ENOENT) {
+    MLOG(WARNING) << "unlink " << shm_path_ << ": " << std::strerror(errno);
+  }
+}
+
+absl::StatusOr<CudaIpcInfo> Arena::ExportCudaIpc() const {
+  if (device_.kind != DeviceKind::kCuda) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the arena is on ", device_.name, ", not a CUDA device"));
+  }
+  const CudaApi* cuda = Cuda();
+  if (cuda == nullptr || cuda_data_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the arena is not an allocation of its own (the CUDA runtime was not "
+        "found when it was allocated), so it cannot be exported");
+  }
+  CudaIpcInfo info;
+  info.device_ordinal = device_.ordinal;
+  const int error = OnDevice(*cuda, device_.ordinal, [&] {
+    return cuda->ipc_get_mem_handle(info.ipc_handle.data(), cuda_data_);
+  });
+  if (error != 0) return CudaError("cudaIpcGetMemHandle", error);
+  ASSIGN_OR_RETURN(info.device_uuid, CudaDeviceUuid(device_.ordinal));
+  info.base_offset = 0;  // the allocation is the arena
+  return info;
+}
+
+absl::StatusOr<std::string> CudaDeviceUuid(int ordinal) {
+  const CudaApi* cuda = Cuda();
+  if (cuda == nullptr || cuda->device_get == nullptr ||
+      cuda->device_get_uuid == nullptr) {
+    return absl::UnavailableError("the CUDA driver is not loaded");
+  }
+  int device = 0;
+  int error = cuda->device_get(&device, ordinal);
+  unsigned char uuid[16] = {};
+  if (error == 0) error = cuda->device_get_uuid(uuid, device);
+  if (error != 0) return CudaError("cuDeviceGetUuid", error);
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(uuid[i], absl::kZeroPad2));
+  }
+  return out;
+}
 
 size_t Arena::num_tensors() const { return tensors_->views.size(); }
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Allocate(
     Reservation reservation, const std::vector<spec::TensorDesc>& tensors,
-    const spec::Layout& layout) {
+    const spec::Layout& layout, const ArenaOptions& options) {
   if (reservation.bytes() < layout.arena_bytes ||
       layout.offsets.size() != tensors.size()) {
     return absl::InternalError(
@@ -95,9 +438,21 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Allocate(
   std::unique_ptr<Arena> arena(new Arena(device, layout.arena_bytes));
 
   at::Tensor storage;
-  if (device.kind == DeviceKind::kCpu) {
+  if (device.kind == DeviceKind::kCpu && options.shared_memory) {
+    ASSIGN_OR_RETURN(storage, AllocateSharedHostStorage(
+                                  layout.arena_bytes,
+                                  options.shared_memory_dir,
+                                  &arena->host_data_, &arena->shm_path_,
+                                  &arena->shm_fd_));
+  } else if (device.kind == DeviceKind::kCpu) {
     ASSIGN_OR_RETURN(storage,
                      AllocateHostStorage(layout.arena_bytes, &arena->host_data_));
+  } else if (const CudaApi* cuda = Cuda();
+             cuda != nullptr && layout.arena_bytes > 0) {
+    ASSIGN_OR_RETURN(storage,
+                     AllocateOwnCudaStorage(*cuda, device.ordinal,
+                                            layout.arena_bytes,
+                                            &arena->cuda_data_));
   } else {
     ASSIGN_OR_RETURN(storage,
                      AllocateCudaStorage(device.ordinal, layout.arena_bytes));
@@ -143,6 +498,148 @@ absl::Status Arena::CopyToHost(uint64_t offset, uint64_t length,
     out.copy_(tensors_->storage.narrow(0, static_cast<int64_t>(offset),
                                        static_cast<int64_t>(length)));
   });
+}
+
+// ---------------------------------------------------------------------------
+// HostStaging
+// ---------------------------------------------------------------------------
+
+struct HostStaging::Impl {
+  const CudaApi* cuda = nullptr;
+  int ordinal = 0;
+  const std::byte* device_data = nullptr;
+  void* stream = nullptr;
+  struct Buffer {
+    void* host = nullptr;
+    void* done = nullptr;  // event recorded after the copy
+    bool in_flight = false;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  Buffer buffers[2];
+  // The buffer a Prefetch filled or is filling, or -1.
+  int prefetched = -1;
+
+  // Starts the copy of [offset, offset + length) into buffers[b].
+  int Start(int b, uint64_t offset, uint64_t length) {
+    Buffer& buffer = buffers[b];
+    buffer.offset = offset;
+    buffer.length = length;
+    buffer.in_flight = true;
+    return OnDevice(*cuda, ordinal, [&] {
+      int error = cuda->memcpy_async(buffer.host, device_data + offset,
+                                     static_cast<size_t>(length),
+                                     kCudaMemcpyDeviceToHost, stream);
+      if (error == 0) error = cuda->event_record(buffer.done, stream);
+      return error;
+    });
+  }
+
+  int Wait(int b) {
+    Buffer& buffer = buffers[b];
+    if (!buffer.in_flight) return 0;
+    buffer.in_flight = false;
+    return cuda->event_synchronize(buffer.done);
+  }
+
+  ~Impl() {
+    if (cuda == nullptr) return;
+    for (int b = 0; b < 2; ++b) Wait(b);
+    OnDevice(*cuda, ordinal, [&] {
+      for (Buffer& buffer : buffers) {
+        if (buffer.done != nullptr) cuda->event_destroy(buffer.done);
+        if (buffer.host != nullptr) cuda->free_host(buffer.host);
+      }
+      if (stream != nullptr) cuda->stream_destroy(stream);
+      return 0;
+    });
+  }
+};
+
+HostStaging::HostStaging(std::unique_ptr<Impl> impl, uint64_t buffer_bytes)
+    : impl_(std::move(impl)), buffer_bytes_(buffer_bytes) {}
+
+HostStaging::~HostStaging() = default;
+
+absl::StatusOr<std::unique_ptr<HostStaging>> HostStaging::Create(
+    const Arena& arena, uint64_t buffer_bytes) {
+  const CudaApi* cuda = Cuda();
+  if (arena.device().kind != DeviceKind::kCuda || cuda == nullptr ||
+      arena.cuda_data_ == nullptr) {
+    return absl::UnavailableError(
+        "pinned staging needs a CUDA arena allocated through the CUDA "
+        "runtime");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->cuda = cuda;
+  impl->ordinal = arena.device().ordinal;
+  impl->device_data = static_cast<const std::byte*>(arena.cuda_data_);
+  const int error = OnDevice(*cuda, impl->ordinal, [&] {
+    int e = cuda->stream_create(&impl->stream, kCudaStreamNonBlocking);
+    for (Impl::Buffer& buffer : impl->buffers) {
+      if (e == 0) e = cuda->host_alloc(&buffer.host, buffer_bytes, 0);
+      if (e == 0) e = cuda->event_create(&buffer.done, kCudaEventDisableTiming);
+    }
+    return e;
+  });
+  if (error != 0) return CudaError("creating pinned staging buffers", error);
+  return std::unique_ptr<HostStaging>(
+      new HostStaging(std::move(impl), buffer_bytes));
+}
+
+absl::Status HostStaging::Prefetch(uint64_t offset, uint64_t length) {
+  if (length > buffer_bytes_ || length == 0) return absl::OkStatus();
+  if (impl_->prefetched >= 0) {
+    const Impl::Buffer& buffer = impl_->buffers[impl_->prefetched];
+    if (buffer.offset <= offset &&
+        offset + length <= buffer.offset + buffer.length) {
+      return absl::OkStatus();  // already on its way
+    }
+    impl_->Wait(impl_->prefetched);  // stale: drop it
+    impl_->prefetched = -1;
+  }
+  const int b = 0;
+  const int error = impl_->Start(b, offset, length);
+  if (error != 0) {
+    impl_->buffers[b].in_flight = false;
+    return CudaError("cudaMemcpyAsync", error);
+  }
+  impl_->prefetched = b;
+  return absl::OkStatus();
+}
+
+absl::Status HostStaging::CopyOut(uint64_t offset, uint64_t length,
+                                  void* dst) {
+  if (length == 0) return absl::OkStatus();
+  if (length > buffer_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "staging copies at most ", buffer_bytes_, " bytes, not ", length));
+  }
+  const int p = impl_->prefetched;
+  if (p >= 0) {
+    const Impl::Buffer& buffer = impl_->buffers[p];
+    if (buffer.offset <= offset &&
+        offset + length <= buffer.offset + buffer.length) {
+      const int error = impl_->Wait(p);
+      if (error != 0) return CudaError("waiting for a staged copy", error);
+      std::memcpy(dst, static_cast<const std::byte*>(buffer.host) +
+                           (offset - buffer.offset),
+                  length);
+      // Consumed up to its end: the buffer is free for the next prefetch.
+      if (offset + length == buffer.offset + buffer.length) {
+        impl_->prefetched = -1;
+      }
+      return absl::OkStatus();
+    }
+  }
+  // Not prefetched: copy through the other buffer now.
+  const int b = p == 0 ? 1 : 0;
+  if (p < 0) impl_->Wait(0);
+  int error = impl_->Start(b, offset, length);
+  if (error == 0) error = impl_->Wait(b);
+  if (error != 0) return CudaError("copying arena bytes to the host", error);
+  std::memcpy(dst, impl_->buffers[b].host, length);
+  return absl::OkStatus();
 }
 
 }  // namespace materializer::memory

@@ -10,10 +10,18 @@
 //
 // The arena owns the ledger entry for its bytes (an Allocation), so memory
 // and accounting are freed together, when the arena is destroyed.
+//
+// Zero-copy export (docs/delivery.md): a CPU arena allocated with
+// ArenaOptions::shared_memory lives in a 0600 file under /dev/shm with an
+// unguessable name, which a co-located process maps; a CUDA arena is its
+// own cudaMalloc allocation, so its IPC handle covers exactly the arena.
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,6 +33,27 @@
 namespace materializer::memory {
 
 struct ArenaTensors;  // LibTorch views; see arena_views.h
+
+struct ArenaOptions {
+  // CPU arenas: back the arena with a file under /dev/shm (created O_EXCL,
+  // mode 0600, a 128-bit random name), so that it can be exported. Ignored
+  // for CUDA arenas, which can always be exported through CUDA IPC.
+  bool shared_memory = false;
+  // Where the files go; tests point it elsewhere.
+  std::string shared_memory_dir = "/dev/shm";
+};
+
+// What an importer needs to open a CUDA arena (CudaIpcExport).
+struct CudaIpcInfo {
+  std::array<char, 64> ipc_handle{};  // cudaIpcMemHandle_t
+  int device_ordinal = 0;
+  std::string device_uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  uint64_t base_offset = 0;
+};
+
+// The UUID ("GPU-...") of CUDA device `ordinal`; UNAVAILABLE without a
+// CUDA driver.
+absl::StatusOr<std::string> CudaDeviceUuid(int ordinal);
 
 // Immutable after Allocate() except for the tensor contents, which only the
 // init step writes (before the arena is shared). Reading concurrently is
@@ -39,7 +68,7 @@ class Arena {
   // reservation is then dropped, which rolls the ledger back.
   static absl::StatusOr<std::unique_ptr<Arena>> Allocate(
       Reservation reservation, const std::vector<spec::TensorDesc>& tensors,
-      const spec::Layout& layout);
+      const spec::Layout& layout, const ArenaOptions& options = {});
 
   ~Arena();
   Arena(const Arena&) = delete;
@@ -55,11 +84,28 @@ class Arena {
   // Copies arena bytes [offset, offset + length) to host memory at `dst`.
   absl::Status CopyToHost(uint64_t offset, uint64_t length, void* dst) const;
 
+  // The /dev/shm file holding a shared-memory CPU arena, else "". Still
+  // reported after UnlinkSharedMemory.
+  const std::string& shared_memory_path() const { return shm_path_; }
+  bool shared_memory_linked() const {
+    return !shm_path_.empty() && !shm_unlinked_.load();
+  }
+  // Removes the /dev/shm name (idempotent, thread-safe). Mappings made
+  // before stay valid; the pages go when the last mapping goes. The
+  // destructor does it too.
+  void UnlinkSharedMemory() const;
+
+  // CUDA arenas: the IPC handle of the arena's allocation.
+  // FAILED_PRECONDITION for host arenas, or a CUDA arena that is not an
+  // allocation of its own.
+  absl::StatusOr<CudaIpcInfo> ExportCudaIpc() const;
+
   // The LibTorch views (for server/init); see arena_views.h.
   ArenaTensors& tensors() { return *tensors_; }
   const ArenaTensors& tensors() const { return *tensors_; }
 
  private:
+  friend class HostStaging;
   Arena(DeviceConfig device, uint64_t bytes);
 
   // Declared first, so destroyed last: the ledger lets go of the bytes only
@@ -68,7 +114,45 @@ class Arena {
   DeviceConfig device_;
   uint64_t bytes_ = 0;
   std::byte* host_data_ = nullptr;
+  // CUDA arenas allocated by cudaMalloc here (not LibTorch's cache).
+  void* cuda_data_ = nullptr;
+  // Shared-memory CPU arenas: the file, and its descriptor (held with a
+  // shared flock, which marks the file as live for stale-file cleanup).
+  std::string shm_path_;
+  int shm_fd_ = -1;
+  mutable std::atomic<bool> shm_unlinked_{false};
   std::unique_ptr<ArenaTensors> tensors_;
+};
+
+// Device-to-host copies of a CUDA arena through two pinned host buffers on
+// a stream of their own: Prefetch starts the copy of the next range while
+// the caller sends the previous one, CopyOut waits for it (or copies now)
+// and hands the bytes out. Thread-compatible. The arena must outlive it.
+class HostStaging {
+ public:
+  // UNAVAILABLE for host arenas or where the CUDA runtime is not loaded.
+  static absl::StatusOr<std::unique_ptr<HostStaging>> Create(
+      const Arena& arena, uint64_t buffer_bytes);
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+
+  uint64_t buffer_bytes() const { return buffer_bytes_; }
+
+  // Starts copying arena bytes [offset, offset + length) (length <=
+  // buffer_bytes()) into a pinned buffer. A no-op while a prefetch is in
+  // flight.
+  absl::Status Prefetch(uint64_t offset, uint64_t length);
+  // Copies arena bytes [offset, offset + length) to `dst`: from the
+  // prefetched buffer when it holds that range, else through the other
+  // buffer now.
+  absl::Status CopyOut(uint64_t offset, uint64_t length, void* dst);
+
+ private:
+  struct Impl;
+  explicit HostStaging(std::unique_ptr<Impl> impl, uint64_t buffer_bytes);
+  std::unique_ptr<Impl> impl_;
+  uint64_t buffer_bytes_;
 };
 
 }  // namespace materializer::memory

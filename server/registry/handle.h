@@ -2,11 +2,14 @@
 #define MATERIALIZER_SERVER_REGISTRY_HANDLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "materializer/v1/materializer.pb.h"
@@ -34,6 +37,19 @@ struct HandleSpec {
   // Lease of a handle outside a session: released when unused for this long
   // (every lookup by its owner renews it). InfiniteDuration = no lease.
   absl::Duration ttl = absl::InfiniteDuration();
+  // MaterializeRequest.exportable: a CPU arena in shared memory.
+  bool exportable = false;
+};
+
+// One live ExportHandle of a handle.
+struct ExportRecord {
+  std::string id;
+  // CUDA exports hold the arena: an importer's IPC mapping must never see
+  // the memory reused, so the allocation lives until CloseExport, even
+  // after a forced release. CPU exports hold nothing (the importer's
+  // mapping of the shared-memory file keeps its pages).
+  std::shared_ptr<const memory::Arena> arena;
+  absl::Time opened;
 };
 
 // A registered materialization. Its tensors are meta (shape and dtype only)
@@ -66,8 +82,43 @@ class Handle {
   // MATERIALIZING -> FAILED.
   void MarkFailed(std::string error);
   // Drops the arena reference; returns the bytes this released (0 if it
-  // held none or was already released).
+  // held none or was already released). Same as BeginRelease(true) then
+  // FinishRelease().
   uint64_t Release();
+
+  // Release in two steps, so the registry can refuse it before it
+  // unregisters the handle. BeginRelease marks the handle released
+  // (no new exports or fetches); it is FAILED_PRECONDITION while the handle
+  // is exported, unless `force`. FinishRelease unlinks a shared-memory
+  // arena's file and drops the arena reference (a fetch in flight keeps
+  // the bytes until it ends); it returns the bytes released.
+  absl::Status BeginRelease(bool force);
+  uint64_t FinishRelease();
+  bool released() const;
+
+  // Exports (ExportHandle). AddExport is FAILED_PRECONDITION once the
+  // handle is released; CloseExport NOT_FOUND for an unknown id. Both
+  // return the number of live exports after the call.
+  absl::StatusOr<uint32_t> AddExport(ExportRecord record);
+  absl::StatusOr<uint32_t> CloseExport(absl::string_view export_id);
+  uint32_t num_exports() const;
+
+  // Values derived from the bytes, which never change once READY: each is
+  // computed by `compute` the first time it is asked for and cached.
+  // Concurrent first callers wait for one computation.
+  //   Per-tensor digests ("xxh3-128:..."), in spec order (tied tensors
+  //   repeat their root's).
+  using Digests = std::vector<std::string>;
+  absl::StatusOr<std::shared_ptr<const Digests>> TensorDigests(
+      const std::function<absl::StatusOr<Digests>()>& compute) const;
+  //   CRC-32 of each tensor's bytes (for zip archives), in spec order.
+  using Crcs = std::vector<uint32_t>;
+  absl::StatusOr<std::shared_ptr<const Crcs>> TensorCrcs(
+      const std::function<absl::StatusOr<Crcs>()>& compute) const;
+  //   Whole-file digests by file key (format, filters, flags); set by the
+  //   first fetch or DescribeFile that computes one.
+  std::string FileDigest(const std::string& key) const;
+  void SetFileDigest(const std::string& key, const std::string& digest) const;
 
   // Lease: Renew moves the expiry to now + ttl; a handle without a TTL
   // never expires.
@@ -80,13 +131,26 @@ class Handle {
   const HandleSpec spec_;
 
   mutable absl::Mutex mu_;
-  // Guards state_, error_, arena_, released_, lease_expiry_.
+  // Guards state_, error_, arena_, released_, lease_expiry_, exports_,
+  // file_digests_.
   v1::HandleState state_ ABSL_GUARDED_BY(mu_) =
       v1::HANDLE_STATE_MATERIALIZING;
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const memory::Arena> arena_ ABSL_GUARDED_BY(mu_);
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time lease_expiry_ ABSL_GUARDED_BY(mu_);
+  std::vector<ExportRecord> exports_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<std::string, std::string> file_digests_
+      ABSL_GUARDED_BY(mu_);
+
+  // Held while a derived value is computed (seconds for gigabytes), so
+  // that concurrent first callers compute it once. Guards the two caches
+  // below. Lock order: compute_mu_, then mu_.
+  mutable absl::Mutex compute_mu_;
+  mutable std::shared_ptr<const Digests> tensor_digests_
+      ABSL_GUARDED_BY(compute_mu_);
+  mutable std::shared_ptr<const Crcs> tensor_crcs_
+      ABSL_GUARDED_BY(compute_mu_);
 };
 
 }  // namespace materializer::registry

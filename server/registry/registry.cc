@@ -60,7 +60,8 @@ absl::StatusOr<std::shared_ptr<Handle>> HandleRegistry::Get(
 }
 
 absl::StatusOr<ReleaseResult> HandleRegistry::Release(absl::string_view owner,
-                                                      absl::string_view id) {
+                                                      absl::string_view id,
+                                                      bool force) {
   std::shared_ptr<Handle> handle;
   {
     absl::MutexLock lock(&mu_);
@@ -72,8 +73,13 @@ absl::StatusOr<ReleaseResult> HandleRegistry::Release(absl::string_view owner,
       }
       return NotFound(id);
     }
+    // Refused while exported (unless forced) before anything changes.
+    if (absl::Status status = it->second->BeginRelease(force); !status.ok()) {
+      return status;
+    }
     handle = std::move(it->second);
     handles_.erase(it);
+    if (handle->num_exports() > 0) draining_.emplace(handle->id(), handle);
     released_.emplace(handle->id(), handle->spec().owner);
     released_order_.push_back(handle->id());
     if (released_order_.size() > kReleasedMemory) {
@@ -82,7 +88,28 @@ absl::StatusOr<ReleaseResult> HandleRegistry::Release(absl::string_view owner,
     }
   }
   // Outside the lock: dropping the arena may unmap gigabytes.
-  return ReleaseResult{/*released=*/true, handle->Release()};
+  return ReleaseResult{/*released=*/true, handle->FinishRelease()};
+}
+
+absl::StatusOr<std::shared_ptr<Handle>> HandleRegistry::GetExported(
+    absl::string_view owner, absl::string_view id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto* table : {&handles_, &draining_}) {
+    auto it = table->find(id);
+    if (it != table->end() && it->second->spec().owner == owner) {
+      return it->second;
+    }
+  }
+  return NotFound(id);
+}
+
+void HandleRegistry::ExportClosed(absl::string_view id) {
+  std::shared_ptr<Handle> handle;  // dropped unlocked
+  absl::MutexLock lock(&mu_);
+  auto it = draining_.find(id);
+  if (it == draining_.end() || it->second->num_exports() > 0) return;
+  handle = std::move(it->second);
+  draining_.erase(it);
 }
 
 uint64_t HandleRegistry::ReleaseSession(absl::string_view session) {
@@ -99,7 +126,7 @@ uint64_t HandleRegistry::ReleaseSession(absl::string_view session) {
   uint64_t freed = 0;
   for (const std::shared_ptr<Handle>& handle : bound) {
     absl::StatusOr<ReleaseResult> result =
-        Release(handle->spec().owner, handle->id());
+        Release(handle->spec().owner, handle->id(), /*force=*/true);
     if (result.ok()) freed += result->freed_bytes;
   }
   return freed;
@@ -110,7 +137,9 @@ std::vector<std::string> HandleRegistry::ReleaseExpired(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, handle] : handles_) {
-      if (handle->lease_expiry() <= now) expired.push_back(handle);
+      if (handle->lease_expiry() <= now && handle->num_exports() == 0) {
+        expired.push_back(handle);
+      }
     }
   }
   std::vector<std::string> ids;

@@ -52,19 +52,34 @@ class HandleRegistry {
                                               absl::string_view id) const;
 
   // Unregisters and releases the handle. Idempotent for its owner;
-  // NOT_FOUND for anyone else and for ids never issued.
+  // NOT_FOUND for anyone else and for ids never issued. While the handle is
+  // exported: FAILED_PRECONDITION (nothing changes) unless `force`; a
+  // forced release keeps the handle reachable by GetExported until its
+  // last export is closed.
   absl::StatusOr<ReleaseResult> Release(absl::string_view owner,
-                                        absl::string_view id);
+                                        absl::string_view id,
+                                        bool force = false);
+
+  // The handle for export bookkeeping: a registered one, or one released
+  // with force whose exports are not all closed yet. NOT_FOUND otherwise
+  // (and for other owners).
+  absl::StatusOr<std::shared_ptr<Handle>> GetExported(
+      absl::string_view owner, absl::string_view id) const;
+
+  // Call after closing an export of `id`: forgets a force-released handle
+  // whose last export is gone.
+  void ExportClosed(absl::string_view id);
 
   // Unregisters without reporting (rollback of a failed materialization).
   void Forget(absl::string_view id);
 
-  // Releases every handle bound to `session` (the session ended). Returns
-  // the bytes freed.
+  // Releases every handle bound to `session` (the session ended), with
+  // force: exported ones too. Returns the bytes freed.
   uint64_t ReleaseSession(absl::string_view session);
 
-  // Releases every handle whose lease expired at or before `now`. Returns
-  // their ids.
+  // Releases every handle whose lease expired at or before `now`, except
+  // exported ones (an importer is using them; they expire once their last
+  // export is closed and the lease runs out). Returns their ids.
   std::vector<std::string> ReleaseExpired(absl::Time now);
 
   // `owner`'s handles, oldest first.
@@ -80,6 +95,9 @@ class HandleRegistry {
   // Released id -> owner, bounded FIFO.
   absl::flat_hash_map<std::string, std::string> released_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> released_order_ ABSL_GUARDED_BY(mu_);
+  // Released with force while exported, until the last export closes.
+  absl::flat_hash_map<std::string, std::shared_ptr<Handle>> draining_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace materializer::registry

@@ -1,17 +1,37 @@
 #include "server/service/fetch_reactor.h"
 
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/slice.h"
 #include "server/common/log.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
 namespace {
 
-// Streams one fetch. Writes one chunk at a time: the next chunk is produced
-// only after the previous write completed, so server memory per fetch is one
-// chunk regardless of model size. Deletes itself when gRPC is done with it.
-class FetchReactor final : public grpc::ServerWriteReactor<v1::WeightChunk> {
+void PutVarint(std::string* out, uint64_t value) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+// WeightChunk field tags (field number << 3 | wire type).
+constexpr char kOffsetTag = (1 << 3) | 0;
+constexpr char kDataTag = (2 << 3) | 2;
+constexpr char kTotalBytesTag = (3 << 3) | 0;
+constexpr char kDigestTag = (4 << 3) | 2;
+
+void ReleaseKeepalive(void* user_data) {
+  delete static_cast<std::shared_ptr<const void>*>(user_data);
+}
+
+// Streams one fetch. Deletes itself when gRPC is done with it.
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit FetchReactor(std::unique_ptr<delivery::WeightStream> stream)
       : stream_(std::move(stream)) {
@@ -24,9 +44,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::WeightChunk> {
   }
 
   void OnWriteDone(bool ok) override {
+    // gRPC holds its own references to what it still sends.
+    buffer_.Clear();
     if (!ok) {
-      // The client went away or cancelled; stop producing and let go of the
-      // arena at once.
+      // The client went away or cancelled: stop producing and let go of
+      // the arena and any staging buffers at once.
       stream_.reset();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
       return;
@@ -42,7 +64,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::WeightChunk> {
       Finish(grpc::Status::OK);
       return;
     }
-    absl::Status status = stream_->Next(&chunk_);
+    delivery::WeightStream::Chunk chunk;
+    absl::Status status = stream_->Next(&chunk);
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
       stream_.reset();
@@ -53,16 +76,75 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::WeightChunk> {
     // round to OnDone, so a Release right after the client read everything
     // frees the memory at once.
     if (stream_->done()) stream_.reset();
-    StartWrite(&chunk_);
+    buffer_ = EncodeChunk(chunk);
+    StartWrite(&buffer_);
   }
 
   std::unique_ptr<delivery::WeightStream> stream_;
-  v1::WeightChunk chunk_;
+  grpc::ByteBuffer buffer_;
 };
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::WeightChunk>* StartFetch(
+grpc::ByteBuffer EncodeChunk(const delivery::WeightStream::Chunk& chunk) {
+  std::vector<grpc::Slice> slices;
+  std::string pending;  // bytes to copy into the next copied slice
+  auto flush = [&] {
+    if (pending.empty()) return;
+    slices.emplace_back(pending);
+    pending.clear();
+  };
+
+  if (chunk.offset != 0) {
+    pending.push_back(kOffsetTag);
+    PutVarint(&pending, chunk.offset);
+  }
+  const uint64_t length = chunk.length();
+  if (length > 0) {
+    pending.push_back(kDataTag);
+    PutVarint(&pending, length);
+    for (const delivery::WeightStream::ChunkPiece& piece : chunk.pieces) {
+      if (piece.length < kMinZeroCopyBytes) {
+        pending.append(piece.data, piece.length);
+        continue;
+      }
+      flush();
+      if (piece.keepalive == nullptr) {  // static memory
+        slices.emplace_back(piece.data, piece.length,
+                            grpc::Slice::STATIC_SLICE);
+      } else {
+        slices.emplace_back(const_cast<char*>(piece.data), piece.length,
+                            &ReleaseKeepalive,
+                            new std::shared_ptr<const void>(piece.keepalive));
+      }
+    }
+  }
+  if (chunk.total_bytes != 0) {
+    pending.push_back(kTotalBytesTag);
+    PutVarint(&pending, chunk.total_bytes);
+  }
+  if (!chunk.digest.empty()) {
+    pending.push_back(kDigestTag);
+    PutVarint(&pending, chunk.digest.size());
+    pending += chunk.digest;
+  }
+  flush();
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::StatusOr<v1::FetchRequest> ParseFetchRequest(
+    const grpc::ByteBuffer& raw) {
+  grpc::ByteBuffer copy(raw);  // shares the slices
+  grpc::ProtoBufferReader reader(&copy);
+  v1::FetchRequest request;
+  if (!request.ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(
+        "the FetchRequest does not parse as materializer.v1.FetchRequest");
+  }
+  return request;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
     absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream) {
   if (!stream.ok()) return new FetchReactor(stream.status());
   return new FetchReactor(std::move(*stream));

@@ -68,18 +68,50 @@ grpc::ServerUnaryReactor* MaterializerService::Materialize(
 grpc::ServerUnaryReactor* MaterializerService::Describe(
     grpc::CallbackServerContext* context, const v1::DescribeRequest* request,
     v1::HandleInfo* response) {
-  return Unary(context, response, /*offload=*/false,
+  return Unary(context, response, /*offload=*/true,
                [this, request](const engine::Caller& caller) {
                  return engine_->Describe(caller, *request);
                });
 }
 
-grpc::ServerWriteReactor<v1::WeightChunk>* MaterializerService::FetchWeights(
-    grpc::CallbackServerContext* context, const v1::FetchRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) return StartFetch(caller.status());
+  absl::StatusOr<v1::FetchRequest> request = ParseFetchRequest(*raw);
+  if (!request.ok()) return StartFetch(request.status());
   return StartFetch(engine_->OpenFetch(*caller, *request));
+}
+
+grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
+    grpc::CallbackServerContext* context, const v1::FetchRequest* request,
+    v1::FileLayout* response) {
+  // The first DescribeFile of a file hashes all of it.
+  return Unary(context, response, /*offload=*/true,
+               [this, request](const engine::Caller& caller) {
+                 return engine_->DescribeFile(caller, *request);
+               });
+}
+
+grpc::ServerUnaryReactor* MaterializerService::ExportHandle(
+    grpc::CallbackServerContext* context, const v1::ExportRequest* request,
+    v1::ExportResponse* response) {
+  return Unary(context, response, /*offload=*/false,
+               [this, request](const engine::Caller& caller) {
+                 return engine_->ExportHandle(caller, *request);
+               });
+}
+
+grpc::ServerUnaryReactor* MaterializerService::CloseExport(
+    grpc::CallbackServerContext* context,
+    const v1::CloseExportRequest* request,
+    v1::CloseExportResponse* response) {
+  // Closing the last CUDA export of a released handle frees its memory.
+  return Unary(context, response, /*offload=*/true,
+               [this, request](const engine::Caller& caller) {
+                 return engine_->CloseExport(caller, *request);
+               });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Release(

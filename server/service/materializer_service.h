@@ -16,7 +16,12 @@ namespace materializer::service {
 
 // Thread-safe. The engine and worker pool must outlive the gRPC server that
 // serves this service.
-class MaterializerService final : public v1::Materializer::CallbackService {
+//
+// FetchWeights uses the raw callback API: its chunks are written as
+// serialized messages whose bytes reference the arena (fetch_reactor.h).
+class MaterializerService final
+    : public v1::Materializer::WithRawCallbackMethod_FetchWeights<
+          v1::Materializer::CallbackService> {
  public:
   // All must outlive the gRPC server that serves this service; `sessions`
   // may be null (no sessions).
@@ -34,9 +39,19 @@ class MaterializerService final : public v1::Materializer::CallbackService {
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
                                      const v1::DescribeRequest* request,
                                      v1::HandleInfo* response) override;
-  grpc::ServerWriteReactor<v1::WeightChunk>* FetchWeights(
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchWeights(
       grpc::CallbackServerContext* context,
-      const v1::FetchRequest* request) override;
+      const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* DescribeFile(grpc::CallbackServerContext* context,
+                                         const v1::FetchRequest* request,
+                                         v1::FileLayout* response) override;
+  grpc::ServerUnaryReactor* ExportHandle(grpc::CallbackServerContext* context,
+                                         const v1::ExportRequest* request,
+                                         v1::ExportResponse* response) override;
+  grpc::ServerUnaryReactor* CloseExport(
+      grpc::CallbackServerContext* context,
+      const v1::CloseExportRequest* request,
+      v1::CloseExportResponse* response) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* response) override;

@@ -1,0 +1,156 @@
+#include "client/export_import.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace materializer::client {
+namespace {
+
+// The CUDA runtime, looked up rather than linked so the client runs where
+// there is no CUDA.
+struct IpcHandle {
+  char reserved[64];
+};
+using IpcOpen = int (*)(void**, IpcHandle, unsigned);
+using IpcClose = int (*)(void*);
+using SetDevice = int (*)(int);
+using GetDevice = int (*)(int*);
+constexpr unsigned kLazyEnablePeerAccess = 1;
+
+struct CudaRuntime {
+  IpcOpen open = nullptr;
+  IpcClose close = nullptr;
+  SetDevice set_device = nullptr;
+  GetDevice get_device = nullptr;
+};
+
+const CudaRuntime* Runtime() {
+  static const CudaRuntime* runtime = []() -> const CudaRuntime* {
+    void* lib = nullptr;
+    for (const char* name :
+         {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+      lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL);
+      if (lib != nullptr) break;
+    }
+    if (lib == nullptr) return nullptr;
+    auto* out = new CudaRuntime;
+    out->open = reinterpret_cast<IpcOpen>(dlsym(lib, "cudaIpcOpenMemHandle"));
+    out->close =
+        reinterpret_cast<IpcClose>(dlsym(lib, "cudaIpcCloseMemHandle"));
+    out->set_device = reinterpret_cast<SetDevice>(dlsym(lib, "cudaSetDevice"));
+    out->get_device = reinterpret_cast<GetDevice>(dlsym(lib, "cudaGetDevice"));
+    if (!out->open || !out->close || !out->set_device || !out->get_device) {
+      delete out;
+      return nullptr;
+    }
+    return out;
+  }();
+  return runtime;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const ExportImport>> ExportImport::Open(
+    const v1::ExportResponse& response, bool writable) {
+  std::shared_ptr<ExportImport> import(new ExportImport);
+  import->size_ = response.arena_bytes();
+  if (response.has_shared_memory()) {
+    const std::string& path = response.shared_memory().path();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("opening the export ", path,
+                              " (was its handle released?)"));
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) < response.arena_bytes()) {
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat(
+          path, " is smaller than the export's ", response.arena_bytes(),
+          " bytes"));
+    }
+    if (response.arena_bytes() > 0) {
+      void* pages = ::mmap(nullptr, response.arena_bytes(),
+                           writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                           writable ? MAP_PRIVATE : MAP_SHARED, fd, 0);
+      if (pages == MAP_FAILED) {
+        const int error = errno;
+        ::close(fd);
+        return absl::ErrnoToStatus(error, absl::StrCat("mapping ", path));
+      }
+      import->mapping_ = pages;
+      import->mapping_bytes_ = response.arena_bytes();
+      import->base_ = pages;
+    }
+    // The mapping keeps the pages; the descriptor is not needed.
+    ::close(fd);
+  } else if (response.has_cuda()) {
+    const CudaRuntime* cuda = Runtime();
+    if (cuda == nullptr) {
+      return absl::FailedPreconditionError(
+          "this export is CUDA memory, and this process has no CUDA runtime "
+          "(libcudart) to open it");
+    }
+    const v1::CudaIpcExport& ipc = response.cuda();
+    if (ipc.ipc_handle().size() != sizeof(IpcHandle)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda.ipc_handle has ", ipc.ipc_handle().size(), " bytes, not ",
+          sizeof(IpcHandle)));
+    }
+    IpcHandle handle;
+    std::memcpy(handle.reserved, ipc.ipc_handle().data(), sizeof(handle));
+    int previous = 0;
+    cuda->get_device(&previous);
+    void* pointer = nullptr;
+    int error = cuda->set_device(ipc.device_ordinal());
+    if (error == 0) error = cuda->open(&pointer, handle, kLazyEnablePeerAccess);
+    cuda->set_device(previous);
+    if (error != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cudaIpcOpenMemHandle on cuda:", ipc.device_ordinal(), " (",
+          ipc.device_uuid(), ") failed with CUDA error ", error,
+          ": the importer must run on the same machine and see that device"));
+    }
+    import->mapping_ = pointer;
+    import->cuda_device_ = ipc.device_ordinal();
+    import->base_ = static_cast<char*>(pointer) + ipc.base_offset();
+  } else {
+    return absl::InvalidArgumentError("the export names no memory");
+  }
+  for (const v1::ExportedTensor& t : response.tensors()) {
+    if (t.offset() > import->size_ || t.nbytes() > import->size_ - t.offset()) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor ", t.name(), " [", t.offset(), ", +", t.nbytes(),
+          ") lies outside the ", import->size_, "-byte export"));
+    }
+    TensorView view;
+    view.name = t.name();
+    view.dtype = t.dtype();
+    view.shape.assign(t.shape().begin(), t.shape().end());
+    view.data = static_cast<char*>(import->base_) + t.offset();
+    view.nbytes = t.nbytes();
+    import->tensors_.push_back(std::move(view));
+  }
+  return std::shared_ptr<const ExportImport>(std::move(import));
+}
+
+ExportImport::~ExportImport() {
+  if (mapping_ == nullptr) return;
+  if (cuda_device_ >= 0) {
+    if (const CudaRuntime* cuda = Runtime()) cuda->close(mapping_);
+  } else {
+    ::munmap(mapping_, mapping_bytes_);
+  }
+}
+
+}  // namespace materializer::client

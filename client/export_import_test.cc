@@ -1,0 +1,110 @@
+#include "client/export_import.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/tensor.h>
+
+#include "absl/strings/str_cat.h"
+#include "client/export_torch.h"
+#include "tests/testing/status_matchers.h"
+
+namespace materializer::client {
+namespace {
+
+using ::materializer::testing::StatusIs;
+
+// A file laid out like an exported arena: float32 [0, 1, 2, 3] at 0 and
+// int64 [7] at 256.
+std::string WriteArena(const std::string& name) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/", name, ".arena");
+  std::string bytes(512, '\0');
+  const float values[4] = {0, 1, 2, 3};
+  std::memcpy(bytes.data(), values, sizeof(values));
+  const int64_t seven = 7;
+  std::memcpy(bytes.data() + 256, &seven, sizeof(seven));
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  EXPECT_EQ(::write(fd, bytes.data(), bytes.size()),
+            static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+  return path;
+}
+
+v1::ExportResponse Response(const std::string& path) {
+  v1::ExportResponse response;
+  response.set_export_id("x-test");
+  response.mutable_shared_memory()->set_path(path);
+  response.set_arena_bytes(512);
+  v1::ExportedTensor* w = response.add_tensors();
+  w->set_name("w");
+  w->set_dtype("float32");
+  w->add_shape(2);
+  w->add_shape(2);
+  w->set_offset(0);
+  w->set_nbytes(16);
+  v1::ExportedTensor* n = response.add_tensors();
+  n->set_name("n");
+  n->set_dtype("int64");
+  n->set_offset(256);
+  n->set_nbytes(8);
+  return response;
+}
+
+TEST(ExportImportTest, MapsTheFileAndViewsTensorsWithoutCopying) {
+  const std::string path = WriteArena("views");
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const ExportImport> import,
+                       ExportImport::Open(Response(path)));
+  ASSERT_EQ(import->tensors().size(), 2u);
+  EXPECT_EQ(import->tensors()[1].data,
+            static_cast<char*>(import->data()) + 256);
+
+  ASSERT_OK_AND_ASSIGN(auto tensors, ViewAsTensors(import));
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_EQ(tensors[0].first, "w");
+  EXPECT_TRUE(at::equal(tensors[0].second,
+                        at::tensor({0.f, 1.f, 2.f, 3.f}).reshape({2, 2})));
+  EXPECT_EQ(tensors[0].second.data_ptr(), import->data());
+  EXPECT_EQ(tensors[1].second.dim(), 0);
+  EXPECT_EQ(tensors[1].second.item<int64_t>(), 7);
+
+  // The views keep the mapping alive after the caller drops the import,
+  // and after the file is gone.
+  import.reset();
+  ::unlink(path.c_str());
+  EXPECT_EQ(tensors[1].second.item<int64_t>(), 7);
+}
+
+TEST(ExportImportTest, WritableImportIsCopyOnWrite) {
+  const std::string path = WriteArena("cow");
+  ASSERT_OK_AND_ASSIGN(auto writable, ExportImport::Open(Response(path), true));
+  ASSERT_OK_AND_ASSIGN(auto tensors, ViewAsTensors(writable));
+  tensors[0].second.fill_(5);
+  ASSERT_OK_AND_ASSIGN(auto fresh, ExportImport::Open(Response(path)));
+  float first = -1;
+  std::memcpy(&first, fresh->data(), sizeof(first));
+  EXPECT_EQ(first, 0.f);  // the file is unchanged
+}
+
+TEST(ExportImportTest, ReleasedExportIsNotFound) {
+  EXPECT_THAT(ExportImport::Open(Response("/dev/shm/materializer-gone")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       ::testing::HasSubstr("was its handle released?")));
+}
+
+TEST(ExportImportTest, TensorOutsideTheArenaIsDataLoss) {
+  const std::string path = WriteArena("outside");
+  v1::ExportResponse response = Response(path);
+  response.mutable_tensors(1)->set_offset(508);
+  EXPECT_THAT(ExportImport::Open(response),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       ::testing::HasSubstr("lies outside")));
+}
+
+}  // namespace
+}  // namespace materializer::client

@@ -1,0 +1,126 @@
+"""Map a CPU export of materializerd as torch tensors, without copying.
+
+ExportHandle on a handle materialized with `exportable: true` answers with a
+SharedMemoryExport: a 0600 file under /dev/shm holding the handle's arena,
+and every tensor's offset in it. This module maps that file into the
+calling process and views each tensor over the mapping:
+
+    exported = stub.ExportHandle(ExportRequest(handle=h), metadata=md)
+    with shm.map_export(exported) as imported:
+        for name, t in imported.tensors.items():
+            ...                      # t shares memory with the server's arena
+    stub.CloseExport(CloseExportRequest(export_id=exported.export_id), ...)
+
+The mapping is read-only by default: the tensors are the server's bytes, and
+an in-place op on them raises a segmentation fault. Pass writable=True for a
+private copy-on-write mapping (pages are copied only when written, and the
+writes stay in this process).
+
+Lifetime: the mapping stays valid after the server releases the handle (the
+file is unlinked then, and its memory goes when the last mapping goes).
+close() drops this object's references; the pages are unmapped once no
+tensor from it is left alive.
+"""
+
+import collections
+import mmap
+import os
+import warnings
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+
+
+class SharedMemoryImport:
+    """An ExportResponse's shared memory mapped into this process.
+
+    `tensors`: an OrderedDict name -> torch.Tensor in the export's order,
+    each a view of the mapping. `base`: a uint8 tensor over the whole arena.
+    """
+
+    def __init__(self, export, writable=False):
+        if not export.HasField("shared_memory"):
+            raise ValueError(
+                "this export is not shared memory (a CUDA export needs "
+                "torch.cuda and the C++ helper client/export_import.h)")
+        path = export.shared_memory.path
+        size = int(export.arena_bytes)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            if os.fstat(fd).st_size < size:
+                raise ValueError(f"{path} is smaller than the export's "
+                                 f"{size} bytes")
+            if size == 0:
+                self._map = None
+            elif writable:
+                self._map = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            else:
+                self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                      prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping keeps the pages
+        self.path = path
+        self.export_id = export.export_id
+        self.size = size
+        if self._map is None:
+            self.base = torch.empty(0, dtype=torch.uint8)
+        else:
+            with warnings.catch_warnings():
+                # A read-only buffer: torch warns that writes would be
+                # undefined; they fault, as documented above.
+                warnings.simplefilter("ignore", UserWarning)
+                self.base = torch.frombuffer(self._map, dtype=torch.uint8)
+        self.tensors = collections.OrderedDict()
+        for t in export.tensors:
+            dtype = _DTYPES.get(t.dtype)
+            if dtype is None:
+                raise ValueError(f"tensor {t.name}: unknown dtype {t.dtype}")
+            shape = [int(s) for s in t.shape]
+            if t.offset + t.nbytes > size:
+                raise ValueError(f"tensor {t.name} lies outside the export")
+            if t.nbytes == 0:
+                self.tensors[t.name] = torch.empty(shape, dtype=dtype)
+                continue
+            raw = self.base[t.offset:t.offset + t.nbytes]
+            self.tensors[t.name] = raw.view(dtype).reshape(shape)
+
+    def address(self):
+        """Address of the mapping's first byte (0 for an empty export)."""
+        return self.base.data_ptr() if self.size else 0
+
+    def close(self):
+        """Drops this object's references. The mapping itself goes when the
+        last tensor viewing it goes (torch.frombuffer keeps the mmap object
+        alive; closing it explicitly would unmap memory that live tensors
+        still point at)."""
+        self.tensors = collections.OrderedDict()
+        self.base = None
+        self._map = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def map_export(export, writable=False):
+    """Maps `export` (an ExportResponse with shared_memory); see the module
+    docstring."""
+    return SharedMemoryImport(export, writable=writable)

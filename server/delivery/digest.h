@@ -1,0 +1,74 @@
+#ifndef MATERIALIZER_SERVER_DELIVERY_DIGEST_H_
+#define MATERIALIZER_SERVER_DELIVERY_DIGEST_H_
+
+// Content digests: XXH3-128 (libxxhash), written "xxh3-128:<32 hex>", the
+// 128-bit value high 64 bits first, exactly as Python's
+// xxhash.xxh3_128(data).hexdigest() prints it. They guard against
+// corruption (a truncated or garbled file, a bad resume), not tampering:
+// TLS covers the transport.
+//
+//   Hasher hasher;
+//   hasher.Update(header);
+//   hasher.Update(data);
+//   std::string digest = FormatDigest(hasher.Finish());
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace materializer::delivery {
+
+inline constexpr absl::string_view kDigestPrefix = "xxh3-128:";
+
+struct Digest128 {
+  uint64_t high = 0;
+  uint64_t low = 0;
+
+  bool operator==(const Digest128& other) const {
+    return high == other.high && low == other.low;
+  }
+  bool operator!=(const Digest128& other) const { return !(*this == other); }
+};
+
+// XXH3-128 of one buffer.
+Digest128 HashBytes(const void* data, size_t length);
+
+// The 16 bytes of a digest, big-endian (xxhash's canonical form, what
+// Python's .digest() returns).
+std::array<unsigned char, 16> CanonicalBytes(const Digest128& digest);
+
+// "xxh3-128:" followed by 32 lowercase hex digits.
+std::string FormatDigest(const Digest128& digest);
+
+// CRC-32 (zip's, as zlib computes it) of `data`, continuing from `crc`.
+uint32_t Crc32(const void* data, size_t length, uint32_t crc = 0);
+
+// Streaming XXH3-128: the digest of everything passed to Update, in order.
+// Thread-compatible; movable, not copyable.
+class Hasher {
+ public:
+  Hasher();
+  ~Hasher();
+  Hasher(Hasher&& other) noexcept;
+  Hasher& operator=(Hasher&& other) noexcept;
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+
+  void Update(const void* data, size_t length);
+  void Update(absl::string_view bytes) { Update(bytes.data(), bytes.size()); }
+  // Bytes passed to Update so far.
+  uint64_t length() const { return length_; }
+  // The digest so far; Update may continue afterwards.
+  Digest128 Finish() const;
+
+ private:
+  void* state_;  // XXH3_state_t, kept out of this header
+  uint64_t length_ = 0;
+};
+
+}  // namespace materializer::delivery
+
+#endif  // MATERIALIZER_SERVER_DELIVERY_DIGEST_H_

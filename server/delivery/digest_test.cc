@@ -1,0 +1,69 @@
+#include "server/delivery/digest.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace materializer::delivery {
+namespace {
+
+std::string Pattern() {
+  std::string out;
+  for (int i = 0; i < 40; ++i) {
+    for (int b = 0; b < 256; ++b) out.push_back(static_cast<char>(b));
+  }
+  return out;
+}
+
+// Expected values from Python: xxhash.xxh3_128(data).hexdigest() and
+// zlib.crc32(data).
+TEST(DigestTest, MatchesPythonXxhash) {
+  EXPECT_EQ(FormatDigest(HashBytes("", 0)),
+            "xxh3-128:99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(FormatDigest(HashBytes("abc", 3)),
+            "xxh3-128:06b05ab6733a618578af5f94892f3950");
+  const std::string pattern = Pattern();
+  EXPECT_EQ(FormatDigest(HashBytes(pattern.data(), pattern.size())),
+            "xxh3-128:1cb22534d0d96975c03d2231ab9348f3");
+}
+
+TEST(DigestTest, StreamingEqualsOneShotForAnySplit) {
+  const std::string pattern = Pattern();
+  const Digest128 whole = HashBytes(pattern.data(), pattern.size());
+  for (size_t split : {size_t{0}, size_t{1}, size_t{239}, size_t{240},
+                       size_t{4096}, pattern.size()}) {
+    Hasher hasher;
+    hasher.Update(pattern.data(), split);
+    hasher.Update(pattern.data() + split, pattern.size() - split);
+    EXPECT_EQ(hasher.Finish(), whole) << split;
+    EXPECT_EQ(hasher.length(), pattern.size());
+  }
+}
+
+TEST(DigestTest, MovedHasherKeepsItsState) {
+  Hasher a;
+  a.Update("ab", 2);
+  Hasher b = std::move(a);
+  b.Update("c", 1);
+  EXPECT_EQ(b.Finish(), HashBytes("abc", 3));
+}
+
+TEST(DigestTest, CanonicalBytesAreBigEndianHighFirst) {
+  const auto bytes = CanonicalBytes(Digest128{0x0102030405060708u, 0x1112131415161718u});
+  EXPECT_EQ(bytes[0], 0x01);
+  EXPECT_EQ(bytes[7], 0x08);
+  EXPECT_EQ(bytes[8], 0x11);
+  EXPECT_EQ(bytes[15], 0x18);
+}
+
+TEST(Crc32Test, MatchesZlibAndContinues) {
+  EXPECT_EQ(Crc32("abc", 3), 0x352441c2u);
+  const std::string pattern = Pattern();
+  EXPECT_EQ(Crc32(pattern.data(), pattern.size()), 0xbbce3b9du);
+  EXPECT_EQ(Crc32(pattern.data() + 100, pattern.size() - 100,
+                  Crc32(pattern.data(), 100)),
+            0xbbce3b9du);
+}
+
+}  // namespace
+}  // namespace materializer::delivery

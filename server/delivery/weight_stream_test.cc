@@ -1,0 +1,183 @@
+#include "server/delivery/weight_stream.h"
+
+#include <cstring>
+#include <string>
+
+#include "server/delivery/digest.h"
+#include "server/memory/pool.h"
+#include "tests/testing/status_matchers.h"
+
+namespace materializer::delivery {
+namespace {
+
+using ::materializer::testing::StatusIs;
+using spec::DType;
+
+struct Fixture {
+  std::unique_ptr<memory::DevicePool> pool;
+  std::shared_ptr<const memory::Arena> arena;
+  std::shared_ptr<const WeightFile> file;
+};
+
+spec::TensorDesc Desc(const char* name, std::vector<int64_t> shape, DType dtype) {
+  spec::TensorDesc t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  t.numel = 1;
+  for (int64_t s : t.shape) t.numel *= static_cast<uint64_t>(s);
+  t.nbytes = t.numel * spec::ItemSize(dtype);
+  return t;
+}
+
+// A CPU arena of two tensors filled with a pattern, and its file.
+Fixture Make(v1::WeightFormat format) {
+  Fixture f;
+  memory::DeviceConfig cpu;
+  cpu.name = "cpu";
+  cpu.capacity_bytes = 64 << 20;
+  f.pool = memory::DevicePool::Create({cpu}).value();
+  const std::vector<spec::TensorDesc> tensors = {
+      Desc("big", {300000}, DType::kFloat32), Desc("small", {5}, DType::kInt64)};
+  const spec::Layout layout = spec::ComputeLayout(tensors).value();
+  memory::Reservation r =
+      f.pool->Reserve("alice", "cpu", layout.arena_bytes).value();
+  std::unique_ptr<memory::Arena> arena =
+      memory::Arena::Allocate(std::move(r), tensors, layout).value();
+  auto* bytes = const_cast<std::byte*>(arena->host_data());
+  for (uint64_t i = 0; i < arena->bytes(); ++i) {
+    bytes[i] = static_cast<std::byte>((i * 13 + 5) & 0xff);
+  }
+  std::vector<SourceTensor> sources;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SourceTensor s;
+    s.name = tensors[i].name;
+    s.dtype = tensors[i].dtype;
+    s.shape = tensors[i].shape;
+    s.nbytes = tensors[i].nbytes;
+    s.source_offset = layout.offsets[i];
+    s.crc32 = Crc32(bytes + layout.offsets[i], s.nbytes);
+    sources.push_back(s);
+  }
+  f.file = std::make_shared<const WeightFile>(
+      BuildWeightFile(format, sources, {}).value());
+  f.arena = std::move(arena);
+  return f;
+}
+
+std::string WholeFile(const Fixture& f) {
+  std::string out;
+  EXPECT_OK(f.file->Read(0, f.file->size(),
+                         [&](uint64_t offset, uint64_t length, void* dst) {
+                           return f.arena->CopyToHost(offset, length, dst);
+                         },
+                         &out));
+  return out;
+}
+
+// Streams from `offset`, returning the bytes and the last chunk's digest.
+std::string StreamAll(const Fixture& f, uint64_t offset, uint32_t chunk_bytes,
+                      FileDigest digest, std::string* last_digest,
+                      int* arena_pieces = nullptr) {
+  auto stream = WeightStream::Open(f.arena, f.file, offset, chunk_bytes,
+                                   std::move(digest))
+                    .value();
+  std::string out;
+  const char* arena_begin = reinterpret_cast<const char*>(f.arena->host_data());
+  while (!stream->done()) {
+    WeightStream::Chunk chunk;
+    EXPECT_OK(stream->Next(&chunk));
+    EXPECT_EQ(chunk.offset, offset + out.size());
+    EXPECT_EQ(chunk.total_bytes, f.file->size());
+    for (const auto& piece : chunk.pieces) {
+      if (arena_pieces != nullptr && piece.data >= arena_begin &&
+          piece.data < arena_begin + f.arena->bytes()) {
+        ++*arena_pieces;
+      }
+      out.append(piece.data, piece.length);
+    }
+    if (stream->done()) {
+      *last_digest = chunk.digest;
+    } else {
+      EXPECT_EQ(chunk.digest, "");
+    }
+  }
+  return out;
+}
+
+TEST(WeightStreamTest, ChunksReferenceTheArenaAndEndWithTheFileDigest) {
+  for (v1::WeightFormat format :
+       {v1::WEIGHT_FORMAT_SAFETENSORS, v1::WEIGHT_FORMAT_TORCH,
+        v1::WEIGHT_FORMAT_RAW}) {
+    Fixture f = Make(format);
+    const std::string whole = WholeFile(f);
+    std::string cached;
+    FileDigest digest;
+    digest.on_computed = [&](const std::string& d) { cached = d; };
+    std::string last_digest;
+    int arena_pieces = 0;
+    EXPECT_EQ(StreamAll(f, 0, 100000, std::move(digest), &last_digest,
+                        &arena_pieces),
+              whole);
+    const std::string expected =
+        FormatDigest(HashBytes(whole.data(), whole.size()));
+    EXPECT_EQ(last_digest, expected);
+    EXPECT_EQ(cached, expected);
+    // Zero copy: every chunk but the last points into the arena.
+    EXPECT_GE(arena_pieces, 10) << format;
+  }
+}
+
+TEST(WeightStreamTest, AResumedStreamSendsTheRestAndTheWholeFilesDigest) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_SAFETENSORS);
+  const std::string whole = WholeFile(f);
+  const std::string expected =
+      FormatDigest(HashBytes(whole.data(), whole.size()));
+  for (uint64_t offset : {uint64_t{1}, uint64_t{777777}, whole.size() - 1,
+                          uint64_t{whole.size()}}) {
+    std::string last_digest;
+    EXPECT_EQ(StreamAll(f, offset, 4096, FileDigest(), &last_digest),
+              whole.substr(offset));
+    EXPECT_EQ(last_digest, expected) << offset;
+  }
+}
+
+TEST(WeightStreamTest, AKnownDigestIsSentAsIs) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  FileDigest digest;
+  digest.known = "xxh3-128:cached";
+  std::string last_digest;
+  StreamAll(f, 0, 0, std::move(digest), &last_digest);
+  EXPECT_EQ(last_digest, "xxh3-128:cached");
+}
+
+TEST(WeightStreamTest, TheStreamAndItsChunksKeepTheArenaAlive) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  const std::string whole = WholeFile(f);
+  auto stream =
+      WeightStream::Open(f.arena, f.file, 0, 65536, FileDigest()).value();
+  WeightStream::Chunk chunk;
+  ASSERT_OK(stream->Next(&chunk));
+  f.arena.reset();  // the handle was released
+  stream.reset();   // the client went away after one chunk
+  EXPECT_GT(f.pool->Snapshot().total.in_use_bytes, 0u);
+  EXPECT_EQ(std::string(chunk.pieces[0].data, chunk.pieces[0].length),
+            whole.substr(0, chunk.pieces[0].length));
+  chunk = WeightStream::Chunk();  // gRPC let go of the last bytes
+  EXPECT_EQ(f.pool->Snapshot().total.in_use_bytes, 0u);
+}
+
+TEST(WeightStreamTest, BadOffsetsAndChunkSizesAreRefused) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  EXPECT_THAT(WeightStream::Open(f.arena, f.file, f.file->size() + 1, 0,
+                                 FileDigest()),
+              StatusIs(absl::StatusCode::kOutOfRange,
+                       ::testing::HasSubstr("is past the end of the")));
+  EXPECT_THAT(WeightStream::Open(f.arena, f.file, 0, kMaxChunkBytes + 1,
+                                 FileDigest()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("above the limit")));
+}
+
+}  // namespace
+}  // namespace materializer::delivery

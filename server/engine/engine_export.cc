@@ -1,0 +1,134 @@
+// The export paths of Engine: zero-copy access to a handle's memory for a
+// co-located process (docs/delivery.md, "Export").
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/common/log.h"
+#include "server/common/status_macros.h"
+#include "server/engine/engine.h"
+#include "server/memory/arena.h"
+
+namespace materializer::engine {
+namespace {
+
+// Export ids name their handle: "x-<32 hex>-h-<32 hex>", so CloseExport
+// finds the handle without a table of its own (and still finds it after a
+// forced release).
+constexpr absl::string_view kHandleMark = "-h-";
+
+std::string NewExportId(absl::string_view handle_id) {
+  // NewHandleId is "h-" and 128 random bits.
+  return absl::StrCat("x-", registry::NewHandleId().substr(2), "-",
+                      handle_id);
+}
+
+absl::StatusOr<std::string> HandleOfExport(absl::string_view export_id) {
+  const size_t at = export_id.find(kHandleMark);
+  if (!absl::StartsWith(export_id, "x-") || at == absl::string_view::npos) {
+    return absl::NotFoundError(absl::StrCat(
+        "export \"", export_id, "\" not found (it is not an export id)"));
+  }
+  return std::string(export_id.substr(at + 1));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
+    const Caller& caller, const v1::ExportRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
+                   registry_->Get(caller.identity, request.handle()));
+  const v1::HandleState state = handle->state();
+  if (state != v1::HANDLE_STATE_READY) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handle ", handle->id(), " is not READY (",
+        v1::HandleState_Name(state),
+        "): only initialized memory can be exported"));
+  }
+  std::shared_ptr<const memory::Arena> arena = handle->arena();
+  if (arena == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("handle \"", handle->id(), "\" was just released"));
+  }
+
+  v1::ExportResponse response;
+  registry::ExportRecord record;
+  record.id = NewExportId(handle->id());
+  record.opened = absl::Now();
+  if (arena->device().kind == memory::DeviceKind::kCpu) {
+    if (arena->shared_memory_path().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "handle ", handle->id(), " is on ", arena->device().name,
+          " in private memory, which another process cannot map. "
+          "Materialize it with exportable: true (MaterializeRequest."
+          "exportable) to allocate it in shared memory, or fetch it"));
+    }
+    response.mutable_shared_memory()->set_path(arena->shared_memory_path());
+  } else {
+    // Check the device before handing out anything: an IPC handle opens
+    // only on the device that holds the memory.
+    ASSIGN_OR_RETURN(memory::CudaIpcInfo ipc, arena->ExportCudaIpc());
+    if (!request.importer_device_uuid().empty() &&
+        request.importer_device_uuid() != ipc.device_uuid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "handle ", handle->id(), " is on ", arena->device().name, " (",
+          ipc.device_uuid, "), but the importer's device is ",
+          request.importer_device_uuid(),
+          ": a CUDA IPC handle opens only on the device that holds the "
+          "memory. Materialize on the importer's device (placement "
+          "\"cuda:N\"), or fetch the weights instead"));
+    }
+    v1::CudaIpcExport* cuda = response.mutable_cuda();
+    cuda->set_ipc_handle(ipc.ipc_handle.data(), ipc.ipc_handle.size());
+    cuda->set_device_ordinal(ipc.device_ordinal);
+    cuda->set_device_uuid(ipc.device_uuid);
+    cuda->set_base_offset(ipc.base_offset);
+    record.arena = arena;  // kept until CloseExport, even past a release
+  }
+  response.set_export_id(record.id);
+  response.set_arena_bytes(arena->bytes());
+  const registry::HandleSpec& spec = handle->spec();
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const spec::TensorDesc& t = spec.tensors[i];
+    v1::ExportedTensor* out = response.add_tensors();
+    out->set_name(t.name);
+    out->set_dtype(spec::Name(t.dtype));
+    out->mutable_shape()->Add(t.shape.begin(), t.shape.end());
+    out->set_offset(spec.layout.offsets[i]);
+    out->set_nbytes(t.nbytes);
+  }
+  ASSIGN_OR_RETURN(uint32_t live, handle->AddExport(std::move(record)));
+  MLOG(INFO) << "exported " << handle->id() << " to " << caller.identity
+             << " as " << response.export_id() << " (" << live << " live)";
+  return response;
+}
+
+absl::StatusOr<v1::CloseExportResponse> Engine::CloseExport(
+    const Caller& caller, const v1::CloseExportRequest& request) {
+  ASSIGN_OR_RETURN(const std::string handle_id,
+                   HandleOfExport(request.export_id()));
+  absl::StatusOr<std::shared_ptr<registry::Handle>> handle =
+      registry_->GetExported(caller.identity, handle_id);
+  if (!handle.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "export \"", request.export_id(),
+        "\" not found (it was closed already, or it belongs to another "
+        "client)"));
+  }
+  ASSIGN_OR_RETURN(uint32_t remaining,
+                   (*handle)->CloseExport(request.export_id()));
+  registry_->ExportClosed(handle_id);
+  // Use renews the lease, so a handle that was exported past its lease
+  // does not vanish the moment its export closes.
+  (*handle)->Renew(absl::Now());
+  v1::CloseExportResponse response;
+  response.set_remaining_exports(remaining);
+  return response;
+}
+
+}  // namespace materializer::engine
