@@ -3,12 +3,16 @@
 loopback stream of the same number of bytes and next to torch.save +
 torch.load of the same state dict through a file, in one run, as ratios.
 
-    bazel build //server:materializerd //client:matctl //proto:materializer_py
+    bazel build //server:materializerd //client:matctl //bench:fetch_discard \
+        //proto:materializer_py
     .venv/bin/python bench/fetch_throughput.py [--gib 4] [--dir /dev/shm]
 
-The fetch is `matctl fetch` (the C++ client: writes OUT.partial, verifies
-the XXH3-128 digest of every byte, renames), once with a cold digest cache
-(the server hashes the file as it streams) and once warm. Files go to
+Two clients: `bench/fetch_discard` (the C++ client library; counts and
+digests the bytes and drops them: the transport, next to raw TCP that also
+discards) and `matctl fetch` (writes OUT.partial, verifies the XXH3-128
+digest of every byte, renames: next to raw TCP whose receiver writes the
+file), each with a cold digest cache (the server hashes the file as it
+streams) and warm. Files go to
 --dir (tmpfs by default, so no disk is measured; every path writes its
 file there). The raw TCP stream sends the bytes from memory with sendall
 and the receiver discards them with recv_into: the ceiling of loopback on
@@ -32,11 +36,13 @@ os.environ.setdefault("MATERIALIZERD",
 os.environ.setdefault("MATERIALIZER_PY_PROTO",
                       os.path.join(REPO, "bazel-bin", "proto"))
 MATCTL = os.path.join(REPO, "bazel-bin", "client", "matctl")
+DISCARD = os.path.join(REPO, "bazel-bin", "bench", "fetch_discard")
 GIB = 1 << 30
 
 
-def raw_tcp(nbytes, buf=4 << 20):
-    """Seconds to stream `nbytes` from memory over loopback TCP."""
+def raw_tcp(nbytes, buf=4 << 20, out=None):
+    """Seconds to stream `nbytes` from memory over loopback TCP; the
+    receiver discards them, or writes them to the file `out`."""
     payload = memoryview(bytearray(os.urandom(1 << 20)) * (buf >> 20))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -49,11 +55,17 @@ def raw_tcp(nbytes, buf=4 << 20):
         sink = bytearray(buf)
         view = memoryview(sink)
         got = 0
+        f = open(out, "wb") if out else None
         while got < nbytes:
             n = conn.recv_into(view)
             if n == 0:
                 break
+            if f:
+                f.write(view[:n])
             got += n
+        if f:
+            f.close()
+            os.unlink(out)
         done["got"] = got
         conn.close()
 
@@ -89,6 +101,18 @@ def matctl_fetch(server, handle, out, fmt):
     return elapsed, size
 
 
+def discard_fetch(server, handle, fmt):
+    """The C++ client fetching and discarding (verifying the digest)."""
+    start = time.perf_counter()
+    r = subprocess.run([DISCARD, f"--server={server.address}",
+                        f"--handle={handle}", f"--format={fmt}"],
+                       capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if r.returncode != 0 or "(verified)" not in r.stdout:
+        raise SystemExit(r.stderr or r.stdout)
+    return elapsed, int(r.stdout.split()[0])
+
+
 def torch_save_load(gib, path):
     import torch
     state = {"w": torch.ones(gib * GIB // 4, dtype=torch.float32)}
@@ -114,6 +138,8 @@ def main():
     rows = []
     tcp = raw_tcp(nbytes)
     rows.append(("raw TCP loopback (sendall -> recv_into, discard)", nbytes, tcp))
+    tcp_file = raw_tcp(nbytes, out=os.path.join(args.dir, "tcp_bench.out"))
+    rows.append(("raw TCP loopback, receiver writes the file", nbytes, tcp_file))
 
     cap = f"{args.gib + 2}GiB"
     with serverproc.running_server(cpu_capacity=cap) as server:
@@ -123,6 +149,10 @@ def main():
             "initRules": [{"pattern": "*", "init": {"ones": {}}}]}}))
         handle = server.materialize(req, client="bench").handle
         out = os.path.join(args.dir, "fetch_bench.out")
+        t, size = discard_fetch(server, handle, "safetensors")
+        rows.append(("FetchWeights, C++ client discards (cold digest)", size, t))
+        t, size = discard_fetch(server, handle, "safetensors")
+        rows.append(("FetchWeights, C++ client discards (cached digest)", size, t))
         for fmt in ("safetensors", "torch"):
             t, size = matctl_fetch(server, handle, out, fmt)
             rows.append((f"matctl fetch --format={fmt}, cold digest", size, t))

@@ -87,7 +87,9 @@ def build(case, count):
         names.append(name)
     numel = matutil.numel(shape)
     nbytes = count * numel * torch.empty((), dtype=matutil.TORCH_DTYPES[dtype]).element_size()
-    req = {"model": {"tensors": tensors, "seed": str(SEED)}}
+    # Compared with torch.nn.init in-process: torch mode.
+    req = {"model": {"tensors": tensors, "seed": str(SEED),
+                     "rng": "RNG_MODE_TORCH"}}
     return req, names, nbytes, mtype
 
 

@@ -276,6 +276,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+                   static_cast<int>(absl::ToInt64Milliseconds(options.keepalive)));
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                   static_cast<int>(absl::ToInt64Milliseconds(options.keepalive)));
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(options.target, credentials, arguments);
   if (channel == nullptr) {
@@ -289,7 +295,22 @@ Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(v1::Materializer::NewStub(channel_)),
-      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {
+  if (options_.session) {
+    session_ = std::make_unique<SessionKeeper>(
+        stub_.get(), [this](grpc::ClientContext* context) {
+          PrepareContext(context, absl::InfiniteDuration());
+        });
+  }
+}
+
+absl::StatusOr<std::string> Client::SessionId(absl::Duration timeout) {
+  if (session_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this client keeps no session (ClientOptions::session is off)");
+  }
+  return session_->WaitForSession(timeout);
+}
 
 void Client::PrepareContext(grpc::ClientContext* context,
                             absl::Duration timeout) const {
@@ -314,6 +335,12 @@ absl::StatusOr<v1::MaterializeResponse> Client::Materialize(
     const v1::MaterializeRequest& request) {
   grpc::ClientContext context;
   PrepareContext(&context);
+  if (session_ != nullptr) {
+    // Bind the handle to this client's session.
+    ASSIGN_OR_RETURN(std::string session, session_->WaitForSession(
+                                              absl::Seconds(30)));
+    context.AddMetadata(kSessionMetadataKey, session);
+  }
   v1::MaterializeResponse response;
   RETURN_IF_ERROR(
       FromGrpcStatus(stub_->Materialize(&context, request, &response)));
@@ -340,6 +367,16 @@ absl::StatusOr<v1::ReleaseResponse> Client::Release(absl::string_view handle,
   request.set_force(force);
   v1::ReleaseResponse response;
   RETURN_IF_ERROR(FromGrpcStatus(stub_->Release(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::RenewResponse> Client::Renew(absl::string_view handle) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::RenewRequest request;
+  request.set_handle(std::string(handle));
+  v1::RenewResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Renew(&context, request, &response)));
   return response;
 }
 

@@ -33,6 +33,7 @@
 #include "grpcpp/support/status.h"
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "materializer/v1/materializer.pb.h"
+#include "client/session.h"
 #include "server/delivery/digest.h"
 
 namespace materializer::client {
@@ -57,6 +58,15 @@ struct ClientOptions {
   // (4 MiB - 4 KiB) and the largest Plan/Describe response the caller expects:
   // a plan of a million tensors runs to hundreds of MiB.
   int max_message_bytes = 256 << 20;  // the server's default too
+  // Keep a session (an Attach stream) for the client's lifetime and bind
+  // every handle this client materializes to it: the handles live as long
+  // as the client, and the server frees them (after its grace period) when
+  // the client goes away, however it goes away. Off: handles are detached
+  // and live by their lease (MaterializeRequest.ttl), as matctl's are.
+  bool session = true;
+  // Keepalive pings on an idle connection (the server accepts one every
+  // 5 s or more), so either side notices a dead peer.
+  absl::Duration keepalive = absl::Seconds(10);
 };
 
 // The one place that maps a gRPC status to an absl::Status: same code, same
@@ -99,6 +109,8 @@ class Client {
   absl::StatusOr<v1::ReleaseResponse> Release(absl::string_view handle,
                                               bool force = false);
   absl::StatusOr<v1::ListHandlesResponse> ListHandles();
+  // Renews a detached handle's lease.
+  absl::StatusOr<v1::RenewResponse> Renew(absl::string_view handle);
   absl::StatusOr<v1::GetStatsResponse> GetStats();
   // The layout a FetchWeights with `request` would stream.
   absl::StatusOr<v1::FileLayout> DescribeFile(const v1::FetchRequest& request);
@@ -134,6 +146,11 @@ class Client {
 
   const ClientOptions& options() const { return options_; }
 
+  // The session handles are bound to (ClientOptions::session), once
+  // attached; the attach error otherwise.
+  absl::StatusOr<std::string> SessionId(
+      absl::Duration timeout = absl::Seconds(30));
+
  private:
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
 
@@ -148,6 +165,8 @@ class Client {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Materializer::Stub> stub_;
   const std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
+  // Declared last, destroyed first: ends the session while the stub lives.
+  std::unique_ptr<SessionKeeper> session_;
 };
 
 struct FetchFileOptions {
@@ -163,7 +182,7 @@ struct FetchFileOptions {
   bool write_ties_once = false;
   std::vector<std::string> include;
   std::vector<std::string> exclude;
-  // FetchRequest.chunk_bytes: 0 lets the server choose (1 MiB).
+  // FetchRequest.chunk_bytes: 0 lets the server choose (its maximum).
   uint32_t chunk_bytes = 0;
   // Called on the fetching thread with the number of bytes of the file now
   // on disk and the file's total size: once with the starting offset when

@@ -266,6 +266,7 @@ class ClientTest : public ::testing::Test {
     ClientOptions options;
     options.target = target_;
     options.client_name = name;
+    options.session = false;  // the fake server has no Attach
     options.timeout = absl::Seconds(30);
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     EXPECT_THAT(client, IsOk());
@@ -346,6 +347,7 @@ TEST(ConnectTest, UnreachableServerIsUnavailable) {
   ClientOptions options;
   // Port 1 on loopback: nothing listens there in a test sandbox.
   options.target = "127.0.0.1:1";
+  options.session = false;
   options.timeout = absl::Seconds(5);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
                        Client::Connect(options));

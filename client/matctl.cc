@@ -8,6 +8,7 @@
 // Exit status: 0 on success, 1 when a call or a file fails, 2 on a usage
 // error. Errors print as `matctl: <STATUS_CODE>: <message>` on stderr.
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -42,6 +44,7 @@
 #include "client/format.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/time_util.h"
 #include "materializer/v1/materializer.pb.h"
 #include "server/common/status_macros.h"
 #include "server/common/units.h"
@@ -74,6 +77,9 @@ ABSL_FLAG(std::vector<std::string>, exclude, {},
 ABSL_FLAG(bool, write_ties_once, false,
           "fetch (safetensors): write each group of tied tensors once");
 ABSL_FLAG(bool, force, false, "release: release an exported handle too");
+ABSL_FLAG(absl::Duration, ttl, absl::ZeroDuration(),
+          "materialize: lease of the (detached) handle, e.g. 30m; 0 = the "
+          "server's default");
 ABSL_FLAG(std::string, importer_device_uuid, "",
           "export: the importer's CUDA device (GPU-...), checked by the "
           "server");
@@ -86,13 +92,21 @@ constexpr char kUsage[] =
 
 commands:
   plan FILE.json [--all]          validate a model and show its memory plan
-  materialize FILE.json [--async] [--label=TEXT]
-                                  materialize a model; prints its handle
+  materialize FILE.json [--async] [--label=TEXT] [--ttl=30m]
+                                  materialize a model; prints its handle. The
+                                  handle is detached: it lives until released
+                                  or unused for its ttl (server default 1h)
+  session FILE.json [--label=TEXT]
+                                  materialize in a session and hold it until
+                                  Ctrl-C or end of input; the server then
+                                  releases the handle (after its grace period)
+  renew HANDLE                    renew a detached handle's lease
   describe HANDLE [--all]         show a handle and its tensors
   release HANDLE [--force]        free a handle's memory (--force: even while
                                   exported)
   ls                              list your handles
-  stats                           memory per device, yours, and in total
+  stats                           memory per device, per client (yours, or
+                                  everyone's for an admin) and device, quotas
   health                          the server's serving status
   fetch HANDLE -o OUT [--format=safetensors|torch|raw] [--include=GLOBS]
         [--exclude=GLOBS] [--resume] [--include_non_persistent]
@@ -335,6 +349,12 @@ absl::Status RunMaterialize(Client& client, const Invocation& invocation) {
   if (invocation.flags_given.count("label") > 0) {
     request.set_label(absl::GetFlag(FLAGS_label));
   }
+  if (const absl::Duration ttl = absl::GetFlag(FLAGS_ttl);
+      ttl > absl::ZeroDuration()) {
+    request.mutable_ttl()->set_seconds(absl::ToInt64Seconds(ttl));
+    request.mutable_ttl()->set_nanos(static_cast<int32_t>(
+        absl::ToInt64Nanoseconds(ttl - absl::Seconds(absl::ToInt64Seconds(ttl)))));
+  }
   ASSIGN_OR_RETURN(const v1::MaterializeResponse response,
                    client.Materialize(request));
   if (invocation.output == OutputMode::kJson) {
@@ -476,23 +496,42 @@ absl::Status RunStats(Client& client, const Invocation& invocation) {
   }
   std::cout << devices.Render();
 
-  // The server returns only the caller's own row, and none when the
-  // caller holds nothing.
+  // The server returns the caller's own row (every client's for an admin),
+  // and none for a client holding nothing.
   std::cout << "\n";
   if (stats.clients().empty()) {
     const std::string& me = client.options().client_name;
     std::cout << "you (" << (me.empty() ? "anonymous" : me)
               << ") hold nothing\n";
   } else {
-    Table clients({"CLIENT", "RESERVED", "IN USE", "PEAK", "HANDLES"});
-    for (size_t column = 1; column <= 4; ++column) {
+    auto quota = [](uint64_t bytes) {
+      return bytes == 0 ? std::string("-") : FormatBytes(bytes);
+    };
+    Table clients({"CLIENT", "DEVICE", "RESERVED", "IN USE", "PEAK",
+                   "HANDLES", "QUOTA", "SESSIONS"});
+    for (size_t column = 2; column <= 7; ++column) {
       clients.SetAlign(column, Table::Align::kRight);
     }
     for (const v1::ClientStats& entry : stats.clients()) {
-      clients.AddRow({entry.client(), FormatBytes(entry.reserved_bytes()),
-                      FormatBytes(entry.in_use_bytes()),
-                      FormatBytes(entry.peak_bytes()),
-                      absl::StrCat(entry.handles())});
+      clients.AddRow(
+          {entry.client(), "all", FormatBytes(entry.reserved_bytes()),
+           FormatBytes(entry.in_use_bytes()), FormatBytes(entry.peak_bytes()),
+           entry.quota_handles() == 0
+               ? absl::StrCat(entry.handles())
+               : absl::StrCat(entry.handles(), "/", entry.quota_handles()),
+           quota(entry.quota_total_bytes()), absl::StrCat(entry.sessions())});
+      for (const v1::ClientDeviceStats& device : entry.devices()) {
+        if (device.reserved_bytes() == 0 && device.in_use_bytes() == 0 &&
+            device.peak_bytes() == 0) {
+          continue;
+        }
+        clients.AddRow({"", device.device(),
+                        FormatBytes(device.reserved_bytes()),
+                        FormatBytes(device.in_use_bytes()),
+                        FormatBytes(device.peak_bytes()),
+                        absl::StrCat(device.handles()),
+                        quota(device.quota_bytes()), ""});
+      }
     }
     std::cout << clients.Render();
   }
@@ -501,6 +540,60 @@ absl::Status RunStats(Client& client, const Invocation& invocation) {
             << " reserved, " << FormatBytes(stats.in_use_bytes()) << " in use, "
             << stats.handles()
             << (stats.handles() == 1 ? " handle" : " handles") << "\n";
+  return absl::OkStatus();
+}
+
+// Holds a session: materializes FILE bound to it, prints the handle, and
+// waits until stdin closes or a SIGINT/SIGTERM arrives; the session then
+// ends and the server releases the handle after its grace period.
+absl::Status RunSession(Client& client, const Invocation& invocation) {
+  ASSIGN_OR_RETURN(v1::MaterializeRequest request,
+                   ReadRequestFile(invocation.args[0]));
+  if (invocation.flags_given.count("label") > 0) {
+    request.set_label(absl::GetFlag(FLAGS_label));
+  }
+  ASSIGN_OR_RETURN(const std::string session, client.SessionId());
+  ASSIGN_OR_RETURN(const v1::MaterializeResponse response,
+                   client.Materialize(request));
+  if (invocation.output == OutputMode::kJson) {
+    std::cout << "{\"session\": " << JsonQuote(session)
+              << ", \"handle\": " << JsonQuote(response.handle()) << "}"
+              << std::endl;
+  } else {
+    std::cout << response.handle() << std::endl;
+    std::cerr << "holding " << response.handle() << " ("
+              << FormatBytes(response.arena_bytes()) << " on "
+              << response.device() << ") in session " << session
+              << "; Ctrl-C or end of input ends it\n";
+  }
+  // Wait for SIGINT/SIGTERM (blocked and taken here) or stdin's end.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread stdin_watch([] {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+    }
+    kill(getpid(), SIGTERM);
+  });
+  stdin_watch.detach();
+  int signal = 0;
+  sigwait(&signals, &signal);
+  std::cerr << "session ended; the server releases its handles after its "
+               "grace period\n";
+  return absl::OkStatus();
+}
+
+absl::Status RunRenew(Client& client, const Invocation& invocation) {
+  ASSIGN_OR_RETURN(const v1::RenewResponse response,
+                   client.Renew(invocation.args[0]));
+  if (invocation.output == OutputMode::kJson) return PrintJson(response);
+  std::cout << invocation.args[0] << " leased until "
+            << google::protobuf::util::TimeUtil::ToString(
+                   response.lease_expires_at())
+            << "\n";
   return absl::OkStatus();
 }
 
@@ -624,9 +717,15 @@ const std::vector<Command>& Commands() {
       {"plan", 1, "plan FILE.json [--all]", {"all"}, RunPlan},
       {"materialize",
        1,
-       "materialize FILE.json [--async] [--label=TEXT]",
-       {"async", "label"},
+       "materialize FILE.json [--async] [--label=TEXT] [--ttl=30m]",
+       {"async", "label", "ttl"},
        RunMaterialize},
+      {"session",
+       1,
+       "session FILE.json [--label=TEXT]",
+       {"label"},
+       RunSession},
+      {"renew", 1, "renew HANDLE", {}, RunRenew},
       {"describe", 1, "describe HANDLE [--all]", {"all"}, RunDescribe},
       {"release", 1, "release HANDLE [--force]", {"force"}, RunRelease},
       {"ls", 0, "ls", {}, RunList},
@@ -657,7 +756,7 @@ const std::vector<const char*>& CommandFlags() {
       "all",     "async",   "label",           "o",
       "resume",  "include_non_persistent",       "chunk_bytes",
       "format",  "include", "exclude",         "write_ties_once",
-      "force",   "importer_device_uuid"};
+      "force",   "importer_device_uuid",   "ttl"};
   return *flags;
 }
 
@@ -814,6 +913,9 @@ int Main(int argc, char** argv) {
   options.client_name = absl::GetFlag(FLAGS_client);
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.fetch_timeout = absl::GetFlag(FLAGS_fetch_timeout);
+  // One-shot commands leave detached handles (living by their lease);
+  // `session` holds a session for as long as it runs.
+  options.session = std::string(command->name) == "session";
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return Fail(client.status());
   const absl::Status status = command->run(**client, invocation);

@@ -124,7 +124,7 @@ def test_small_chunk_sizes_are_honoured(server, tiny, chunk_bytes):
 
 
 @pytest.mark.parametrize("chunk_bytes,limit", [
-    (0, 1 << 20),            # default: 1 MiB
+    (0, 4190208),            # default: the maximum
     (4096, 4096),
     (65536 + 3, 65536 + 3),
     (4190208, 4190208),      # the maximum: 4 MiB - 4 KiB
