@@ -1,7 +1,8 @@
 // Fetches a handle and discards the bytes (checking the digest), so
 // bench/fetch_throughput.py can time the transport without a file write.
 //
-//   fetch_discard --server=HOST:PORT --handle=h-... [--format=safetensors]
+//   fetch_discard --server=HOST:PORT --handle=h-... [--client=NAME]
+//                 [--format=safetensors]
 //                 [--chunk_bytes=N]
 
 #include <chrono>
@@ -14,6 +15,7 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "server address");
 ABSL_FLAG(std::string, handle, "", "handle to fetch");
+ABSL_FLAG(std::string, client, "", "identity (development mode)");
 ABSL_FLAG(std::string, format, "safetensors", "safetensors, torch or raw");
 ABSL_FLAG(uint32_t, chunk_bytes, 0, "chunk size (0: the server's default)");
 
@@ -22,6 +24,7 @@ int main(int argc, char** argv) {
   materializer::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
   options.session = false;
+  options.client_name = absl::GetFlag(FLAGS_client);
   auto client = materializer::client::Client::Connect(options);
   if (!client.ok()) {
     std::cerr << client.status() << "\n";

@@ -104,7 +104,7 @@ def matctl_fetch(server, handle, out, fmt):
 def discard_fetch(server, handle, fmt):
     """The C++ client fetching and discarding (verifying the digest)."""
     start = time.perf_counter()
-    r = subprocess.run([DISCARD, f"--server={server.address}",
+    r = subprocess.run([DISCARD, f"--server={server.address}", "--client=bench",
                         f"--handle={handle}", f"--format={fmt}"],
                        capture_output=True, text=True)
     elapsed = time.perf_counter() - start

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/common/log.h"
@@ -16,6 +17,7 @@
 #include "server/init/resolve.h"
 #include "server/init/rng_mode.h"
 #include "server/init/shard.h"
+#include "server/engine/split.h"
 #include "server/memory/arena.h"
 #include "server/spec/layout.h"
 #include "server/spec/meta_check.h"
@@ -25,6 +27,7 @@ namespace materializer::engine {
 namespace {
 
 constexpr size_t kMaxLabelBytes = 256;
+constexpr char kSplit[] = "split";
 
 uint64_t MicrosSince(absl::Time start) {
   return static_cast<uint64_t>(
@@ -75,16 +78,32 @@ memory::ArenaOptions ArenaOptionsFor(const registry::HandleSpec& spec) {
 // Allocates the arena (to_empty) and runs every init; on success the handle
 // becomes READY. On failure the reservation or arena is dropped, which
 // returns the bytes to the ledger.
-absl::Status Build(registry::Handle& handle, memory::Reservation reservation,
+absl::Status Build(registry::Handle& handle,
+                   std::vector<memory::Reservation> reservations,
+                   const PartLayouts* parts,
                    const std::vector<init::ResolvedInit>& inits,
                    v1::PhaseTimings* timings,
                    const std::function<bool()>& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
   const absl::Time allocate_start = absl::Now();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<memory::Arena> arena,
-      memory::Arena::Allocate(std::move(reservation), spec.tensors,
-                              spec.layout, ArenaOptionsFor(spec)));
+  std::unique_ptr<memory::Arena> arena;
+  if (parts == nullptr) {
+    ASSIGN_OR_RETURN(arena, memory::Arena::Allocate(
+                                std::move(reservations.front()), spec.tensors,
+                                spec.layout, ArenaOptionsFor(spec)));
+  } else {
+    // Split: one arena per device, seen as one.
+    std::vector<std::unique_ptr<memory::Arena>> allocated;
+    for (size_t p = 0; p < reservations.size(); ++p) {
+      ASSIGN_OR_RETURN(std::unique_ptr<memory::Arena> part,
+                       memory::Arena::Allocate(std::move(reservations[p]),
+                                               parts->tensors[p],
+                                               parts->layouts[p]));
+      allocated.push_back(std::move(part));
+    }
+    arena = memory::Arena::Combine(std::move(allocated), parts->bases,
+                                   parts->part_of_tensor, parts->local_index);
+  }
   timings->set_allocate_us(MicrosSince(allocate_start));
 
   const absl::Time init_start = absl::Now();
@@ -165,15 +184,40 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
     fit->set_available_bytes(free_bytes);
     fit->set_fits(free_bytes >= layout.arena_bytes);
   }
-  absl::StatusOr<int> where =
-      pool_->Resolve(caller.identity, request.placement().device(),
-                     layout.arena_bytes);
-  if (where.ok()) {
-    response.set_placement(pool_->devices()[*where].name);
-  } else if (where.status().code() != absl::StatusCode::kResourceExhausted) {
-    return where.status();  // an unknown device is bad input
+  if (request.placement().device() == kSplit) {
+    const SplitUnits units = GroupForSplit(
+        tensors, {request.placement().split().no_split().begin(),
+                  request.placement().split().no_split().end()});
+    ASSIGN_OR_RETURN(memory::DevicePool::SplitRequest split_request,
+                     MakeSplitRequest(request.placement().split(), units));
+    absl::StatusOr<memory::DevicePool::SplitPlan> split =
+        pool_->PlanSplit(caller.identity, split_request);
+    if (split.ok()) {
+      std::vector<std::string> names;
+      for (int device : split->part_devices) {
+        names.push_back(pool_->devices()[device].name);
+      }
+      response.set_placement(absl::StrJoin(names, "+"));
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        response.mutable_tensors(static_cast<int>(i))
+            ->set_device(names[split->part_of_unit[units.unit_of_tensor[i]]]);
+      }
+    } else if (split.status().code() != absl::StatusCode::kResourceExhausted) {
+      return split.status();  // bad devices or caps
+    } else {
+      response.add_warnings(std::string(split.status().message()));
+    }
   } else {
-    response.add_warnings(std::string(where.status().message()));
+    absl::StatusOr<int> where =
+        pool_->Resolve(caller.identity, request.placement().device(),
+                       layout.arena_bytes);
+    if (where.ok()) {
+      response.set_placement(pool_->devices()[*where].name);
+    } else if (where.status().code() != absl::StatusCode::kResourceExhausted) {
+      return where.status();  // an unknown device is bad input
+    } else {
+      response.add_warnings(std::string(where.status().message()));
+    }
   }
   for (const std::string& warning : prepared.resolution.warnings) {
     response.add_warnings(warning);
@@ -213,17 +257,53 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   timings->set_validate_us(validate_us);
   timings->set_plan_us(plan_us);
 
+  if (request.exportable() && request.placement().device() == kSplit) {
+    return absl::InvalidArgumentError(
+        "exportable: a handle split across devices cannot be exported; "
+        "place it on one device");
+  }
+  registry::HandleSpec spec;
   const absl::Time reserve_start = absl::Now();
-  ASSIGN_OR_RETURN(memory::Reservation reservation,
-                   pool_->Reserve(caller.identity,
-                                  request.placement().device(),
-                                  prepared.layout.arena_bytes));
+  std::vector<memory::Reservation> reservations;
+  std::shared_ptr<const PartLayouts> parts;
+  if (request.placement().device() == kSplit) {
+    const SplitUnits units = GroupForSplit(
+        prepared.tensors, {request.placement().split().no_split().begin(),
+                           request.placement().split().no_split().end()});
+    ASSIGN_OR_RETURN(memory::DevicePool::SplitRequest split_request,
+                     MakeSplitRequest(request.placement().split(), units));
+    ASSIGN_OR_RETURN(memory::DevicePool::SplitReservation split,
+                     pool_->ReserveSplit(caller.identity, split_request));
+    std::vector<int> part_of_tensor(prepared.tensors.size());
+    for (size_t i = 0; i < part_of_tensor.size(); ++i) {
+      part_of_tensor[i] = split.plan.part_of_unit[units.unit_of_tensor[i]];
+    }
+    ASSIGN_OR_RETURN(PartLayouts laid_out,
+                     LayoutParts(prepared.tensors, part_of_tensor,
+                                 static_cast<int>(split.parts.size())));
+    std::vector<std::string> names;
+    for (const memory::Reservation& r : split.parts) {
+      names.push_back(r.device().name);
+    }
+    spec.device = absl::StrJoin(names, "+");
+    for (size_t i = 0; i < part_of_tensor.size(); ++i) {
+      spec.tensor_devices.push_back(names[part_of_tensor[i]]);
+    }
+    prepared.layout = laid_out.global;
+    parts = std::make_shared<const PartLayouts>(std::move(laid_out));
+    reservations = std::move(split.parts);
+  } else {
+    ASSIGN_OR_RETURN(memory::Reservation reservation,
+                     pool_->Reserve(caller.identity,
+                                    request.placement().device(),
+                                    prepared.layout.arena_bytes));
+    spec.device = reservation.device().name;
+    reservations.push_back(std::move(reservation));
+  }
   timings->set_reserve_us(MicrosSince(reserve_start));
 
-  registry::HandleSpec spec;
   spec.owner = caller.identity;
   spec.label = request.label();
-  spec.device = reservation.device().name;
   spec.tensors = std::move(prepared.tensors);
   spec.init_descriptions.reserve(prepared.resolution.inits.size());
   for (const init::ResolvedInit& resolved : prepared.resolution.inits) {
@@ -261,14 +341,16 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   if (request.async()) {
     // std::function needs a copyable closure; the move-only pieces ride in
     // shared_ptrs.
-    auto moved_reservation =
-        std::make_shared<memory::Reservation>(std::move(reservation));
+    auto moved_reservations =
+        std::make_shared<std::vector<memory::Reservation>>(
+            std::move(reservations));
     auto inits = std::make_shared<std::vector<init::ResolvedInit>>(
         std::move(prepared.resolution.inits));
-    workers_->Schedule([handle, moved_reservation, inits] {
+    workers_->Schedule([handle, moved_reservations, parts, inits] {
       v1::PhaseTimings ignored;
-      absl::Status status = Build(*handle, std::move(*moved_reservation),
-                                  *inits, &ignored, /*cancelled=*/nullptr);
+      absl::Status status =
+          Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
+                &ignored, /*cancelled=*/nullptr);
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
                       << " failed: " << status;
@@ -280,8 +362,9 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     return response;
   }
 
-  absl::Status status = Build(*handle, std::move(reservation),
-                              prepared.resolution.inits, timings, cancelled);
+  absl::Status status =
+      Build(*handle, std::move(reservations), parts.get(),
+            prepared.resolution.inits, timings, cancelled);
   if (!status.ok()) {
     registry_->Forget(handle->id());
     return status;
@@ -326,7 +409,9 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
     out->set_name(t.name);
     out->mutable_shape()->Add(t.shape.begin(), t.shape.end());
     out->set_dtype(spec::Name(t.dtype));
-    out->set_device(device);
+    out->set_device(state == v1::HANDLE_STATE_READY && !spec.tensor_devices.empty()
+                        ? spec.tensor_devices[i]
+                        : device);
     out->set_nbytes(t.nbytes);
     out->set_arena_offset(spec.layout.offsets[i]);
     out->set_kind(t.is_buffer ? v1::TENSOR_KIND_BUFFER

@@ -60,6 +60,11 @@ absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
   registry::ExportRecord record;
   record.id = NewExportId(handle->id());
   record.opened = absl::Now();
+  if (arena->num_parts() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handle ", handle->id(), " is split across devices (",
+        handle->spec().device, "); exports cover one device's memory"));
+  }
   if (arena->device().kind == memory::DeviceKind::kCpu) {
     if (arena->shared_memory_path().empty()) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -193,7 +193,14 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
     ForEachTaskInParallel(tasks, at::get_num_threads(), cancelled, stopped,
                           [&](const Task& task) {
       if (task.module != nullptr) {
-        const at::Device device = arena.tensors().storage.device();
+        // The module's device (a split handle keeps a module on one).
+        at::Device device(at::kCPU);
+        for (const ModuleSlot& slot : task.module->slots) {
+          if (slot.tensor >= 0) {
+            device = views[slot.tensor].device();
+            break;
+          }
+        }
         FillModule(*task.module, views, device,
                    MakeGenerator(device, DeriveSeed(seed, task.module->name)));
         return;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -480,6 +481,32 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Allocate(
   return arena;
 }
 
+std::unique_ptr<Arena> Arena::Combine(
+    std::vector<std::unique_ptr<Arena>> parts, std::vector<uint64_t> bases,
+    const std::vector<int>& part_of_tensor,
+    const std::vector<int>& local_index) {
+  uint64_t bytes = 0;
+  for (const std::unique_ptr<Arena>& part : parts) bytes += part->bytes();
+  std::unique_ptr<Arena> arena(new Arena(parts.front()->device(), bytes));
+  std::vector<at::Tensor>& views = arena->tensors_->views;
+  views.reserve(part_of_tensor.size());
+  for (size_t i = 0; i < part_of_tensor.size(); ++i) {
+    views.push_back(
+        parts[part_of_tensor[i]]->tensors_->views[local_index[i]]);
+  }
+  arena->parts_ = std::move(parts);
+  arena->part_bases_ = std::move(bases);
+  return arena;
+}
+
+const DeviceConfig& Arena::DeviceAt(uint64_t offset) const {
+  if (parts_.empty()) return device_;
+  const size_t p = std::upper_bound(part_bases_.begin(), part_bases_.end(),
+                                    offset) -
+                   part_bases_.begin() - 1;
+  return parts_[p]->device();
+}
+
 absl::Status Arena::CopyToHost(uint64_t offset, uint64_t length,
                                void* dst) const {
   if (offset > bytes_ || length > bytes_ - offset) {
@@ -488,6 +515,21 @@ absl::Status Arena::CopyToHost(uint64_t offset, uint64_t length,
         bytes_, " bytes"));
   }
   if (length == 0) return absl::OkStatus();
+  if (!parts_.empty()) {  // part by part
+    auto* out = static_cast<std::byte*>(dst);
+    while (length > 0) {
+      const size_t p =
+          std::upper_bound(part_bases_.begin(), part_bases_.end(), offset) -
+          part_bases_.begin() - 1;
+      const uint64_t local = offset - part_bases_[p];
+      const uint64_t n = std::min(length, parts_[p]->bytes() - local);
+      RETURN_IF_ERROR(parts_[p]->CopyToHost(local, n, out));
+      out += n;
+      offset += n;
+      length -= n;
+    }
+    return absl::OkStatus();
+  }
   if (host_data_ != nullptr) {
     std::memcpy(dst, host_data_ + offset, length);
     return absl::OkStatus();

@@ -70,11 +70,25 @@ class Arena {
       Reservation reservation, const std::vector<spec::TensorDesc>& tensors,
       const spec::Layout& layout, const ArenaOptions& options = {});
 
+  // One arena over `parts` (a handle split across devices, one part per
+  // device): part p holds arena bytes [bases[p], bases[p] + its bytes),
+  // and tensor i is view `local_index[i]` of part `part_of_tensor[i]`.
+  // The combined arena has no host_data() (reads go through CopyToHost,
+  // part by part), no shared memory and no IPC handle; device() is the
+  // first part's.
+  static std::unique_ptr<Arena> Combine(
+      std::vector<std::unique_ptr<Arena>> parts, std::vector<uint64_t> bases,
+      const std::vector<int>& part_of_tensor,
+      const std::vector<int>& local_index);
+
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
   const DeviceConfig& device() const { return device_; }
+  // The device of arena byte `offset` (a part's, for a combined arena).
+  const DeviceConfig& DeviceAt(uint64_t offset) const;
+  size_t num_parts() const { return parts_.empty() ? 1 : parts_.size(); }
   uint64_t bytes() const { return bytes_; }
   size_t num_tensors() const;
 
@@ -122,6 +136,10 @@ class Arena {
   int shm_fd_ = -1;
   mutable std::atomic<bool> shm_unlinked_{false};
   std::unique_ptr<ArenaTensors> tensors_;
+  // A combined arena: its parts (which own the memory and the ledger
+  // entries) and where each starts.
+  std::vector<std::unique_ptr<Arena>> parts_;
+  std::vector<uint64_t> part_bases_;
 };
 
 // Device-to-host copies of a CUDA arena through two pinned host buffers on

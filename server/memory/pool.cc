@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/status_macros.h"
 #include "server/common/units.h"
 
 namespace materializer::memory {
@@ -232,22 +233,152 @@ void DevicePool::ApplyLocked(const std::string& client, int device,
   }
 }
 
+Reservation DevicePool::ReserveLocked(absl::string_view client, int device,
+                                      uint64_t bytes) {
+  Reservation reservation;
+  reservation.pool_ = this;
+  reservation.client_ = std::string(client);
+  reservation.device_ = device;
+  reservation.bytes_ = bytes;
+  ApplyLocked(reservation.client_, device, [bytes](Usage& usage) {
+    usage.reserved_bytes += bytes;
+    usage.handles += 1;
+  });
+  return reservation;
+}
+
 absl::StatusOr<Reservation> DevicePool::Reserve(absl::string_view client,
                                                 absl::string_view placement,
                                                 uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<int> device = ResolveLocked(client, placement, bytes);
   if (!device.ok()) return device.status();
-  Reservation reservation;
-  reservation.pool_ = this;
-  reservation.client_ = std::string(client);
-  reservation.device_ = *device;
-  reservation.bytes_ = bytes;
-  ApplyLocked(reservation.client_, *device, [bytes](Usage& usage) {
-    usage.reserved_bytes += bytes;
-    usage.handles += 1;
-  });
-  return reservation;
+  return ReserveLocked(client, *device, bytes);
+}
+
+absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
+    absl::string_view client, const SplitRequest& request) const {
+  std::vector<int> order;
+  if (request.devices.empty()) {
+    for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
+      order.push_back(i);
+    }
+  } else {
+    for (const std::string& name : request.devices) {
+      auto it = std::find_if(devices_.begin(), devices_.end(),
+                             [&](const DeviceConfig& d) { return d.name == name; });
+      if (it == devices_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "placement.split.devices: \"", name,
+            "\" is not a device of this server"));
+      }
+      order.push_back(static_cast<int>(it - devices_.begin()));
+    }
+  }
+  for (const auto& [name, cap] : request.max_memory) {
+    if (std::none_of(order.begin(), order.end(),
+                     [&](int i) { return devices_[i].name == name; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement.split.max_memory: \"", name,
+          "\" is not one of the devices the split uses"));
+    }
+  }
+  const Quota& quota = quotas_.For(client);
+  uint64_t total_left = kNoByteLimit;
+  uint32_t handles_left = kNoHandleLimit;
+  if (auto it = clients_.find(client); it != clients_.end()) {
+    const Usage& total = it->second.total;
+    const uint64_t used = total.reserved_bytes + total.in_use_bytes;
+    if (quota.total_bytes != kNoByteLimit) {
+      total_left = used >= quota.total_bytes ? 0 : quota.total_bytes - used;
+    }
+    if (quota.handles != kNoHandleLimit) {
+      handles_left = total.handles >= quota.handles ? 0 : quota.handles - total.handles;
+    }
+  } else {
+    total_left = quota.total_bytes;
+    handles_left = quota.handles;
+  }
+  // Room per device in fill order: free bytes within the client's quota
+  // (AvailableLocked) and the request's cap.
+  std::vector<uint64_t> room;
+  for (int device : order) {
+    uint64_t r = AvailableLocked(client, device);
+    if (auto it = request.max_memory.find(devices_[device].name);
+        it != request.max_memory.end()) {
+      r = std::min(r, it->second);
+    }
+    room.push_back(r);
+  }
+  SplitPlan plan;
+  size_t current = 0;  // position in `order`
+  uint64_t used_here = 0;
+  int part = -1;
+  for (size_t u = 0; u < request.unit_bytes.size(); ++u) {
+    const uint64_t bytes = request.unit_bytes[u];
+    while (current < order.size() && used_here + bytes > room[current]) {
+      ++current;
+      used_here = 0;
+    }
+    if (current == order.size() || bytes > total_left) {
+      std::vector<std::string> rooms;
+      for (size_t k = 0; k < order.size(); ++k) {
+        rooms.push_back(absl::StrCat(devices_[order[k]].name, " ",
+                                     Figure(room[k])));
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "placement \"split\": ",
+          u < request.unit_names.size()
+              ? absl::StrCat("\"", request.unit_names[u], "\"")
+              : absl::StrCat("unit ", u),
+          " needs ", Figure(bytes),
+          bytes > total_left
+              ? absl::StrCat(" but client \"", client, "\" has only ",
+                             Figure(total_left), " of its total quota left")
+              : absl::StrCat(" and fits on no remaining device (room per "
+                             "device, after caps and quota: ",
+                             absl::StrJoin(rooms, ", "), ")")));
+    }
+    if (part < 0 || plan.part_devices[part] != order[current]) {
+      plan.part_devices.push_back(order[current]);
+      plan.part_bytes.push_back(0);
+      part = static_cast<int>(plan.part_devices.size()) - 1;
+    }
+    plan.part_of_unit.push_back(part);
+    plan.part_bytes[part] += bytes;
+    used_here += bytes;
+    total_left -= bytes;
+  }
+  if (plan.part_devices.empty()) {  // no bytes at all: one empty part
+    plan.part_devices.push_back(order.empty() ? 0 : order.front());
+    plan.part_bytes.push_back(0);
+  }
+  if (plan.part_devices.size() > handles_left) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "placement \"split\": the handle would count on ",
+        plan.part_devices.size(), " devices but client \"", client,
+        "\" has ", handles_left, " handle(s) of its quota left"));
+  }
+  return plan;
+}
+
+absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplit(
+    absl::string_view client, const SplitRequest& request) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return PlanSplitLocked(client, request);
+}
+
+absl::StatusOr<DevicePool::SplitReservation> DevicePool::ReserveSplit(
+    absl::string_view client, const SplitRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(SplitPlan plan, PlanSplitLocked(client, request));
+  SplitReservation out;
+  for (size_t p = 0; p < plan.part_devices.size(); ++p) {
+    out.parts.push_back(ReserveLocked(client, plan.part_devices[p],
+                                      plan.part_bytes[p]));
+  }
+  out.plan = std::move(plan);
+  return out;
 }
 
 void DevicePool::Unreserve(const std::string& client, int device,

@@ -128,6 +128,39 @@ class DevicePool {
                                       absl::string_view placement,
                                       uint64_t bytes);
 
+  // Placement "split": units (the model's modules, in order, each of its
+  // byte size) fill the devices in order, the way accelerate's
+  // infer_auto_device_map does: a unit goes to the current device if it
+  // fits there (within the device's free bytes, its max_memory cap and the
+  // client's quota), else to the next device; a unit is never cut. One
+  // reservation per device used; all or nothing, atomically.
+  struct SplitRequest {
+    // Pool device names in fill order; empty: every device, pool order.
+    std::vector<std::string> devices;
+    // Caps per device name (bytes this handle may put there).
+    std::map<std::string, uint64_t, std::less<>> max_memory;
+    std::vector<uint64_t> unit_bytes;
+    // For messages: what each unit is (e.g. its module's name).
+    std::vector<std::string> unit_names;
+  };
+  struct SplitPlan {
+    // Pool device index of each part, in fill order, and the part of each
+    // unit (parts without units are not made).
+    std::vector<int> part_devices;
+    std::vector<uint64_t> part_bytes;
+    std::vector<int> part_of_unit;
+  };
+  struct SplitReservation {
+    SplitPlan plan;
+    std::vector<Reservation> parts;  // one per plan.part_devices
+  };
+  // INVALID_ARGUMENT for unknown device names; RESOURCE_EXHAUSTED naming
+  // the unit that fits nowhere, with the figures.
+  absl::StatusOr<SplitPlan> PlanSplit(absl::string_view client,
+                                      const SplitRequest& request) const;
+  absl::StatusOr<SplitReservation> ReserveSplit(absl::string_view client,
+                                                const SplitRequest& request);
+
   // Where `placement` would put `bytes` for `client` now, without
   // reserving: the device index, or the error Reserve would give.
   absl::StatusOr<int> Resolve(absl::string_view client,
@@ -149,6 +182,12 @@ class DevicePool {
   friend class Allocation;
 
   DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas);
+
+  absl::StatusOr<SplitPlan> PlanSplitLocked(absl::string_view client,
+                                            const SplitRequest& request) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  Reservation ReserveLocked(absl::string_view client, int device,
+                            uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<int> ResolveLocked(absl::string_view client,
                                     absl::string_view placement,

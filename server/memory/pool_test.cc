@@ -10,6 +10,7 @@ namespace {
 
 using ::materializer::testing::StatusIs;
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::unique_ptr<DevicePool> MakePool(std::vector<uint64_t> capacities) {
@@ -186,6 +187,70 @@ TEST(DevicePoolQuotaTest, PerDeviceAndHandleQuotas) {
   EXPECT_THAT(pool->Reserve("carol", "cpu:1", 200).status(),
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("100 B (100 bytes) quota on cpu:1")));
+}
+
+std::unique_ptr<DevicePool> FourCpus(std::vector<uint64_t> capacities,
+                                     const char* quotas = "{}") {
+  std::vector<DeviceConfig> devices;
+  for (size_t i = 0; i < capacities.size(); ++i) {
+    DeviceConfig device;
+    device.name = "cpu:" + std::to_string(i);
+    device.ordinal = static_cast<int>(i);
+    device.capacity_bytes = capacities[i];
+    devices.push_back(device);
+  }
+  return DevicePool::Create(devices, QuotaBook::FromJson(quotas).value())
+      .value();
+}
+
+TEST(DevicePoolSplitTest, UnitsFillDevicesInOrderWithinCaps) {
+  auto pool = FourCpus({1000, 2000, 3000, 4000});
+  DevicePool::SplitRequest request;
+  request.unit_bytes = {600, 600, 600, 600, 600, 2500};
+  request.max_memory = {{"cpu:1", 1200}};
+  ASSERT_OK_AND_ASSIGN(DevicePool::SplitReservation split,
+                       pool->ReserveSplit("alice", request));
+  // cpu:0 takes one unit (1000), cpu:1 two (capped at 1200), cpu:2 two
+  // more; 2500 no longer fits cpu:2 (1800 left) and goes to cpu:3.
+  EXPECT_THAT(split.plan.part_devices, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(split.plan.part_of_unit, ElementsAre(0, 1, 1, 2, 2, 3));
+  EXPECT_THAT(split.plan.part_bytes, ElementsAre(600, 1200, 1200, 2500));
+  const PoolSnapshot s = pool->Snapshot();
+  EXPECT_EQ(s.devices[1].usage.reserved_bytes, 1200u);
+  EXPECT_EQ(s.devices[3].usage.reserved_bytes, 2500u);
+  EXPECT_EQ(s.clients.at("alice").total.reserved_bytes, 5500u);
+}
+
+TEST(DevicePoolSplitTest, AUnitThatFitsNowhereChangesNothing) {
+  auto pool = FourCpus({1000, 1000});
+  DevicePool::SplitRequest request;
+  request.unit_bytes = {900, 1500};
+  request.unit_names = {"layers.0", "layers.1"};
+  EXPECT_THAT(pool->ReserveSplit("alice", request).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("\"layers.1\" needs 1.46 KiB"),
+                             HasSubstr("fits on no remaining device"))));
+  ExpectAllZero(*pool);
+  request.devices = {"cpu:9"};
+  EXPECT_THAT(pool->ReserveSplit("alice", request).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("placement.split.devices")));
+  request.devices = {};
+  request.max_memory = {{"cuda:0", 5}};
+  EXPECT_THAT(pool->ReserveSplit("alice", request).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("placement.split.max_memory")));
+}
+
+TEST(DevicePoolSplitTest, TheClientsTotalQuotaHoldsAcrossDevices) {
+  auto pool = FourCpus({1000, 1000},
+                       R"({"clients": {"alice": {"totalBytes": 1500}}})");
+  DevicePool::SplitRequest request;
+  request.unit_bytes = {900, 900};
+  EXPECT_THAT(pool->ReserveSplit("alice", request).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("total quota")));
+  ExpectAllZero(*pool);
 }
 
 TEST(DevicePoolTest, DuplicateDeviceNamesAreRejected) {

@@ -23,8 +23,11 @@ namespace materializer::registry {
 struct HandleSpec {
   std::string owner;
   std::string label;
-  // Pool device name ("cpu", "cuda:0").
+  // Pool device name ("cpu", "cuda:0"); for a handle split across devices
+  // their names joined with '+' ("cuda:0+cuda:1").
   std::string device;
+  // Split handles: each tensor's device (empty otherwise).
+  std::vector<std::string> tensor_devices;
   std::vector<spec::TensorDesc> tensors;
   // Which init filled each tensor, e.g. "normal(mean=0, std=0.02) [rule 1]".
   std::vector<std::string> init_descriptions;
