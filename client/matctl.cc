@@ -35,6 +35,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -352,8 +353,9 @@ absl::Status RunMaterialize(Client& client, const Invocation& invocation) {
   if (const absl::Duration ttl = absl::GetFlag(FLAGS_ttl);
       ttl > absl::ZeroDuration()) {
     request.mutable_ttl()->set_seconds(absl::ToInt64Seconds(ttl));
-    request.mutable_ttl()->set_nanos(static_cast<int32_t>(
-        absl::ToInt64Nanoseconds(ttl - absl::Seconds(absl::ToInt64Seconds(ttl)))));
+    request.mutable_ttl()->set_nanos(
+        static_cast<int32_t>(absl::ToInt64Nanoseconds(
+            ttl - absl::Seconds(absl::ToInt64Seconds(ttl)))));
   }
   ASSIGN_OR_RETURN(const v1::MaterializeResponse response,
                    client.Materialize(request));
@@ -414,6 +416,12 @@ absl::Status RunDescribe(Client& client, const Invocation& invocation) {
   summary.AddRow(
       {"rng", ShortEnumName(v1::RngMode_Name(info.rng()), "RNG_MODE_")});
   if (!info.error().empty()) summary.AddRow({"error", info.error()});
+  if (!info.digest().empty()) {
+    // Per-tensor values are in --output=json (docs/delivery.md).
+    summary.AddRow({"digest", info.digest()});
+    summary.AddRow(
+        {"fingerprint", absl::StrFormat("%016x", info.fingerprint())});
+  }
   std::cout << summary.Render();
 
   if (!info.tensors().empty()) {
@@ -507,8 +515,8 @@ absl::Status RunStats(Client& client, const Invocation& invocation) {
     auto quota = [](uint64_t bytes) {
       return bytes == 0 ? std::string("-") : FormatBytes(bytes);
     };
-    Table clients({"CLIENT", "DEVICE", "RESERVED", "IN USE", "PEAK",
-                   "HANDLES", "QUOTA", "SESSIONS"});
+    Table clients({"CLIENT", "DEVICE", "RESERVED", "IN USE", "PEAK", "HANDLES",
+                   "QUOTA", "SESSIONS"});
     for (size_t column = 2; column <= 7; ++column) {
       clients.SetAlign(column, Table::Align::kRight);
     }
@@ -525,12 +533,11 @@ absl::Status RunStats(Client& client, const Invocation& invocation) {
             device.peak_bytes() == 0) {
           continue;
         }
-        clients.AddRow({"", device.device(),
-                        FormatBytes(device.reserved_bytes()),
-                        FormatBytes(device.in_use_bytes()),
-                        FormatBytes(device.peak_bytes()),
-                        absl::StrCat(device.handles()),
-                        quota(device.quota_bytes()), ""});
+        clients.AddRow(
+            {"", device.device(), FormatBytes(device.reserved_bytes()),
+             FormatBytes(device.in_use_bytes()),
+             FormatBytes(device.peak_bytes()), absl::StrCat(device.handles()),
+             quota(device.quota_bytes()), ""});
       }
     }
     std::cout << clients.Render();
@@ -675,8 +682,8 @@ absl::Status RunExport(Client& client, const Invocation& invocation) {
     summary.AddRow({"shared memory", response.shared_memory().path()});
   } else {
     summary.AddRow({"cuda device",
-                    absl::StrCat("cuda:", response.cuda().device_ordinal(), " (",
-                                 response.cuda().device_uuid(), ")")});
+                    absl::StrCat("cuda:", response.cuda().device_ordinal(),
+                                 " (", response.cuda().device_uuid(), ")")});
     summary.AddRow(
         {"base offset", absl::StrCat(response.cuda().base_offset())});
   }
@@ -693,7 +700,8 @@ absl::Status RunCloseExport(Client& client, const Invocation& invocation) {
                    client.CloseExport(invocation.args[0]));
   if (invocation.output == OutputMode::kJson) return PrintJson(response);
   std::cout << "closed " << invocation.args[0] << "; "
-            << response.remaining_exports() << " export(s) of its handle remain\n";
+            << response.remaining_exports()
+            << " export(s) of its handle remain\n";
   return absl::OkStatus();
 }
 
@@ -720,11 +728,7 @@ const std::vector<Command>& Commands() {
        "materialize FILE.json [--async] [--label=TEXT] [--ttl=30m]",
        {"async", "label", "ttl"},
        RunMaterialize},
-      {"session",
-       1,
-       "session FILE.json [--label=TEXT]",
-       {"label"},
-       RunSession},
+      {"session", 1, "session FILE.json [--label=TEXT]", {"label"}, RunSession},
       {"renew", 1, "renew HANDLE", {}, RunRenew},
       {"describe", 1, "describe HANDLE [--all]", {"all"}, RunDescribe},
       {"release", 1, "release HANDLE [--force]", {"force"}, RunRelease},
@@ -752,11 +756,21 @@ const std::vector<Command>& Commands() {
 // Flags that belong to one command or another; a command rejects the
 // others' flags rather than silently ignoring them.
 const std::vector<const char*>& CommandFlags() {
-  static const auto* flags = new std::vector<const char*>{
-      "all",     "async",   "label",           "o",
-      "resume",  "include_non_persistent",       "chunk_bytes",
-      "format",  "include", "exclude",         "write_ties_once",
-      "force",   "importer_device_uuid",   "ttl"};
+  static const auto* flags =
+      new std::vector<const char*>{"all",
+                                   "async",
+                                   "label",
+                                   "o",
+                                   "resume",
+                                   "include_non_persistent",
+                                   "chunk_bytes",
+                                   "format",
+                                   "include",
+                                   "exclude",
+                                   "write_ties_once",
+                                   "force",
+                                   "importer_device_uuid",
+                                   "ttl"};
   return *flags;
 }
 
@@ -885,7 +899,8 @@ int Main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_timeout) <= absl::ZeroDuration() ||
       absl::GetFlag(FLAGS_fetch_timeout) <= absl::ZeroDuration()) {
-    return UsageError("--timeout and --fetch_timeout must be positive", command);
+    return UsageError("--timeout and --fetch_timeout must be positive",
+                      command);
   }
   if (name == "fetch") {
     if (absl::GetFlag(FLAGS_o).empty()) {

@@ -5,9 +5,10 @@
         model.load_state_dict(imported.tensors, strict=True, assign=True)
 
 `shm` maps a CPU export (ExportHandle's SharedMemoryExport) as torch tensors
-without copying; `digest` computes the service's content digests.
+without copying; `digest` computes the service's content digests and
+`fingerprint` its shard-composable fingerprints.
 """
 
-from materializer_client import digest, shm
+from materializer_client import digest, fingerprint, shm
 
-__all__ = ["digest", "shm"]
+__all__ = ["digest", "fingerprint", "shm"]

@@ -13,9 +13,11 @@
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
 #include "server/delivery/digest.h"
+#include "server/delivery/fingerprint.h"
 #include "server/delivery/weight_file.h"
 #include "server/engine/engine.h"
 #include "server/init/glob.h"
+#include "server/init/seed.h"
 #include "server/memory/arena.h"
 
 namespace materializer::engine {
@@ -24,8 +26,8 @@ namespace {
 absl::Status MetaOnly(const registry::Handle& handle, v1::HandleState state) {
   if (state == v1::HANDLE_STATE_FAILED) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "handle ", handle.id(),
-        " has no data: its materialization failed (", handle.error(),
+        "handle ", handle.id(), " has no data: its materialization failed (",
+        handle.error(),
         "), so its tensors are still meta tensors (shapes and dtypes only) "
         "and there is nothing to copy out of them. Release it and "
         "materialize again."));
@@ -72,8 +74,8 @@ absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
 }
 
 // Per-tensor digests in spec order; tied tensors repeat their root's.
-absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>>
-TensorDigests(const registry::Handle& handle, const memory::Arena& arena) {
+absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
+    const registry::Handle& handle, const memory::Arena& arena) {
   return handle.TensorDigests(
       [&]() -> absl::StatusOr<registry::Handle::Digests> {
         const registry::HandleSpec& spec = handle.spec();
@@ -94,6 +96,59 @@ TensorDigests(const registry::Handle& handle, const memory::Arena& arena) {
       });
 }
 
+// Per-tensor fingerprints in spec order; tied tensors repeat their root's.
+absl::StatusOr<std::shared_ptr<const registry::Handle::Fingerprints>>
+TensorFingerprints(const registry::Handle& handle, const memory::Arena& arena) {
+  return handle.TensorFingerprints(
+      [&]() -> absl::StatusOr<registry::Handle::Fingerprints> {
+        const registry::HandleSpec& spec = handle.spec();
+        registry::Handle::Fingerprints values(spec.tensors.size());
+        for (size_t i = 0; i < spec.tensors.size(); ++i) {
+          const spec::TensorDesc& t = spec.tensors[i];
+          if (t.tie_root >= 0) continue;
+          const uint32_t itemsize = spec::ItemSize(t.dtype);
+          delivery::Fingerprinter f(itemsize, t.shape, t.full_shape(),
+                                    t.shard_offset);
+          // Pieces of a device arena may end mid-element: carry the tail.
+          std::string carry;
+          RETURN_IF_ERROR(ScanArena(
+              arena, spec.layout.offsets[i], t.nbytes,
+              [&](const char* data, uint64_t n) {
+                if (!carry.empty()) {
+                  const uint64_t need = itemsize - carry.size();
+                  const uint64_t take = std::min(need, n);
+                  carry.append(data, take);
+                  data += take;
+                  n -= take;
+                  if (carry.size() < itemsize) return;
+                  f.Add(carry.data(), 1);
+                  carry.clear();
+                }
+                f.Add(data, n / itemsize);
+                carry.assign(data + n / itemsize * itemsize, n % itemsize);
+              }));
+          values[i] = f.value();
+        }
+        for (size_t i = 0; i < spec.tensors.size(); ++i) {
+          const int root = spec.tensors[i].tie_root;
+          if (root >= 0) values[i] = values[root];
+        }
+        return values;
+      });
+}
+
+// Weighting each tensor by an odd multiplier keeps the sum linear (so shard
+// handles still add up) while telling apart equal tensors under other names.
+uint64_t HandleFingerprint(const registry::HandleSpec& spec,
+                           const registry::Handle::Fingerprints& values) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < spec.tensors.size() && i < values.size(); ++i) {
+    if (spec.tensors[i].tie_root >= 0) continue;
+    sum += values[i] * (init::Fnv1a64(spec.tensors[i].name) | 1);
+  }
+  return sum;
+}
+
 absl::StatusOr<std::shared_ptr<const registry::Handle::Crcs>> TensorCrcs(
     const registry::Handle& handle, const memory::Arena& arena) {
   return handle.TensorCrcs([&]() -> absl::StatusOr<registry::Handle::Crcs> {
@@ -102,11 +157,11 @@ absl::StatusOr<std::shared_ptr<const registry::Handle::Crcs>> TensorCrcs(
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
       if (spec.tensors[i].tie_root >= 0) continue;
       uint32_t crc = 0;
-      RETURN_IF_ERROR(ScanArena(
-          arena, spec.layout.offsets[i], spec.tensors[i].nbytes,
-          [&](const char* data, uint64_t n) {
-            crc = delivery::Crc32(data, n, crc);
-          }));
+      RETURN_IF_ERROR(ScanArena(arena, spec.layout.offsets[i],
+                                spec.tensors[i].nbytes,
+                                [&](const char* data, uint64_t n) {
+                                  crc = delivery::Crc32(data, n, crc);
+                                }));
       crcs[i] = crc;
     }
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
@@ -181,17 +236,16 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
     return false;
   };
   Selection selection;
-  const bool safetensors =
-      request.format() == v1::WEIGHT_FORMAT_UNSPECIFIED ||
-      request.format() == v1::WEIGHT_FORMAT_SAFETENSORS;
+  const bool safetensors = request.format() == v1::WEIGHT_FORMAT_UNSPECIFIED ||
+                           request.format() == v1::WEIGHT_FORMAT_SAFETENSORS;
   if (safetensors) selection.metadata.emplace_back("format", "pt");
   std::vector<char> selected(spec.tensors.size(), 0);
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const std::string& name = spec.tensors[i].name;
-    selected[i] = eligible(i) &&
-                  (request.include().empty() ||
-                   any_match(request.include(), name)) &&
-                  !any_match(request.exclude(), name);
+    selected[i] =
+        eligible(i) &&
+        (request.include().empty() || any_match(request.include(), name)) &&
+        !any_match(request.exclude(), name);
   }
   // With write_ties_once (safetensors), each group of tied tensors is
   // written once, under its first selected name (the root when it is
@@ -286,10 +340,9 @@ absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
           hasher.Update(piece.data, piece.length);
           return absl::OkStatus();
         }
-        return ScanArena(arena, piece.source_offset, piece.length,
-                         [&](const char* data, uint64_t n) {
-                           hasher.Update(data, n);
-                         });
+        return ScanArena(
+            arena, piece.source_offset, piece.length,
+            [&](const char* data, uint64_t n) { hasher.Update(data, n); });
       });
   RETURN_IF_ERROR(read);
   digest = delivery::FormatDigest(hasher.Finish());
@@ -332,9 +385,9 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
   ASSIGN_OR_RETURN(std::shared_ptr<const delivery::WeightFile> file,
                    BuildFile(*handle, *arena, request));
   if (request.offset() > file->size()) {
-    return absl::OutOfRangeError(
-        absl::StrCat("offset: ", request.offset(), " is past the end of the ",
-                     file->size(), "-byte file"));
+    return absl::OutOfRangeError(absl::StrCat("offset: ", request.offset(),
+                                              " is past the end of the ",
+                                              file->size(), "-byte file"));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
                    TensorDigests(*handle, *arena));
@@ -344,7 +397,8 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
   // Ranges index the selection; map them back to spec indices by name.
   const registry::HandleSpec& spec = handle->spec();
   absl::flat_hash_map<std::string, size_t> index;
-  for (size_t i = 0; i < spec.tensors.size(); ++i) index[spec.tensors[i].name] = i;
+  for (size_t i = 0; i < spec.tensors.size(); ++i)
+    index[spec.tensors[i].name] = i;
   v1::FileLayout layout;
   layout.set_total_bytes(file->size());
   layout.set_digest(digest);
@@ -371,14 +425,22 @@ absl::Status Engine::AddDeliveryInfo(const registry::Handle& handle,
                    TensorDigests(handle, *arena));
   std::string concatenated;
   concatenated.reserve(digests->size() * 16);
-  for (int i = 0; i < info->tensors_size() &&
-                  i < static_cast<int>(digests->size());
-       ++i) {
+  for (int i = 0;
+       i < info->tensors_size() && i < static_cast<int>(digests->size()); ++i) {
     info->mutable_tensors(i)->set_digest((*digests)[i]);
   }
   for (const std::string& digest : *digests) {
     AppendDigestBytes(digest, &concatenated);
   }
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<const registry::Handle::Fingerprints> fingerprints,
+      TensorFingerprints(handle, *arena));
+  for (int i = 0;
+       i < info->tensors_size() && i < static_cast<int>(fingerprints->size());
+       ++i) {
+    info->mutable_tensors(i)->set_fingerprint((*fingerprints)[i]);
+  }
+  info->set_fingerprint(HandleFingerprint(handle.spec(), *fingerprints));
   info->set_digest(delivery::FormatDigest(
       delivery::HashBytes(concatenated.data(), concatenated.size())));
   return absl::OkStatus();

@@ -9,9 +9,8 @@ namespace materializer::registry {
 Handle::Handle(std::string id, absl::Time created, HandleSpec spec)
     : id_(std::move(id)), created_(created), spec_(std::move(spec)) {
   absl::MutexLock lock(&mu_);
-  lease_expiry_ = spec_.ttl == absl::InfiniteDuration()
-                      ? absl::InfiniteFuture()
-                      : created_ + spec_.ttl;
+  lease_expiry_ = spec_.ttl == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                                        : created_ + spec_.ttl;
 }
 
 absl::Time Handle::Renew(absl::Time now) {
@@ -71,8 +70,8 @@ absl::Status Handle::BeginRelease(bool force) {
   if (!exports_.empty() && !force) {
     return absl::FailedPreconditionError(absl::StrCat(
         "handle ", id_, " is exported (", exports_.size(),
-        exports_.size() == 1 ? " live export" : " live exports",
-        ", the first ", exports_.front().id,
+        exports_.size() == 1 ? " live export" : " live exports", ", the first ",
+        exports_.front().id,
         "): a co-located process may be using its memory. Close the "
         "export(s) with CloseExport when the importer is done, or release "
         "with force (importers' CPU mappings stay valid; CUDA memory stays "
@@ -87,10 +86,10 @@ uint64_t Handle::FinishRelease() {
   absl::MutexLock lock(&mu_);
   // A handle still materializing gives back its bytes when the worker
   // finishes (MarkReady drops the arena); report them now.
-  const uint64_t bytes =
-      state_ == v1::HANDLE_STATE_MATERIALIZING ? spec_.layout.arena_bytes
-      : arena_ != nullptr                      ? arena_->bytes()
-                                               : 0;
+  const uint64_t bytes = state_ == v1::HANDLE_STATE_MATERIALIZING
+                             ? spec_.layout.arena_bytes
+                         : arena_ != nullptr ? arena_->bytes()
+                                             : 0;
   // The name goes now, even while a fetch still reads the arena: nobody
   // can map it after the release.
   if (arena_ != nullptr) arena_->UnlinkSharedMemory();
@@ -123,9 +122,10 @@ absl::StatusOr<uint32_t> Handle::CloseExport(absl::string_view export_id) {
       return static_cast<uint32_t>(exports_.size());
     }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "export \"", export_id, "\" not found (it was closed already, or it "
-      "belongs to another client)"));
+  return absl::NotFoundError(
+      absl::StrCat("export \"", export_id,
+                   "\" not found (it was closed already, or it "
+                   "belongs to another client)"));
 }
 
 uint32_t Handle::num_exports() const {
@@ -153,6 +153,19 @@ absl::StatusOr<std::shared_ptr<const Handle::Crcs>> Handle::TensorCrcs(
     tensor_crcs_ = std::make_shared<const Crcs>(std::move(*crcs));
   }
   return tensor_crcs_;
+}
+
+absl::StatusOr<std::shared_ptr<const Handle::Fingerprints>>
+Handle::TensorFingerprints(
+    const std::function<absl::StatusOr<Fingerprints>()>& compute) const {
+  absl::MutexLock lock(&compute_mu_);
+  if (tensor_fingerprints_ == nullptr) {
+    absl::StatusOr<Fingerprints> values = compute();
+    if (!values.ok()) return values.status();
+    tensor_fingerprints_ =
+        std::make_shared<const Fingerprints>(std::move(*values));
+  }
+  return tensor_fingerprints_;
 }
 
 std::string Handle::FileDigest(const std::string& key) const {

@@ -118,6 +118,10 @@ class Handle {
   using Crcs = std::vector<uint32_t>;
   absl::StatusOr<std::shared_ptr<const Crcs>> TensorCrcs(
       const std::function<absl::StatusOr<Crcs>()>& compute) const;
+  //   Shard-composable fingerprints (delivery/fingerprint.h), spec order.
+  using Fingerprints = std::vector<uint64_t>;
+  absl::StatusOr<std::shared_ptr<const Fingerprints>> TensorFingerprints(
+      const std::function<absl::StatusOr<Fingerprints>()>& compute) const;
   //   Whole-file digests by file key (format, filters, flags); set by the
   //   first fetch or DescribeFile that computes one.
   std::string FileDigest(const std::string& key) const;
@@ -136,8 +140,7 @@ class Handle {
   mutable absl::Mutex mu_;
   // Guards state_, error_, arena_, released_, lease_expiry_, exports_,
   // file_digests_.
-  v1::HandleState state_ ABSL_GUARDED_BY(mu_) =
-      v1::HANDLE_STATE_MATERIALIZING;
+  v1::HandleState state_ ABSL_GUARDED_BY(mu_) = v1::HANDLE_STATE_MATERIALIZING;
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const memory::Arena> arena_ ABSL_GUARDED_BY(mu_);
   bool released_ ABSL_GUARDED_BY(mu_) = false;
@@ -152,7 +155,8 @@ class Handle {
   mutable absl::Mutex compute_mu_;
   mutable std::shared_ptr<const Digests> tensor_digests_
       ABSL_GUARDED_BY(compute_mu_);
-  mutable std::shared_ptr<const Crcs> tensor_crcs_
+  mutable std::shared_ptr<const Crcs> tensor_crcs_ ABSL_GUARDED_BY(compute_mu_);
+  mutable std::shared_ptr<const Fingerprints> tensor_fingerprints_
       ABSL_GUARDED_BY(compute_mu_);
 };
 
