@@ -12,6 +12,13 @@ MAT_COPTS = [
     "-Wno-unused-parameter",  # overridden virtuals and callbacks keep their names
 ]
 
+# Under --config=tsan every executable links the annotations that make the
+# system abseil's mutexes visible to ThreadSanitizer.
+_TSAN_DEPS = select({
+    "//bazel:tsan": ["//third_party/absl_tsan:sync_annotations"],
+    "//conditions:default": [],
+})
+
 def mat_cc_library(name, copts = [], visibility = None, **kwargs):
     native.cc_library(
         name = name,
@@ -20,10 +27,11 @@ def mat_cc_library(name, copts = [], visibility = None, **kwargs):
         **kwargs
     )
 
-def mat_cc_binary(name, copts = [], **kwargs):
+def mat_cc_binary(name, copts = [], deps = [], **kwargs):
     native.cc_binary(
         name = name,
         copts = MAT_COPTS + copts,
+        deps = deps + _TSAN_DEPS,
         **kwargs
     )
 
@@ -33,6 +41,6 @@ def mat_cc_test(name, copts = [], deps = [], size = "small", **kwargs):
         name = name,
         copts = MAT_COPTS + copts,
         size = size,
-        deps = deps + ["@system_gtest//:gtest_main"],
+        deps = deps + ["@system_gtest//:gtest_main"] + _TSAN_DEPS,
         **kwargs
     )

@@ -167,13 +167,16 @@ class FakeMaterializer final : public v1::Materializer::Service {
       }
       if (fault == Fault::kPastEnd) chunk.set_total_bytes(position + 1);
       if (position + chunk.data().size() == file.size()) {
-        const std::string hashed = fault == Fault::kBadDigest ? file + "!" : file;
+        const std::string hashed =
+            fault == Fault::kBadDigest ? file + "!" : file;
         if (fault != Fault::kNoDigest) {
           chunk.set_digest(delivery::FormatDigest(
               delivery::HashBytes(hashed.data(), hashed.size())));
         }
       }
       if (!writer->Write(chunk)) {
+        // The client may cancel while the first chunks are still in flight.
+        if (fault == Fault::kHoldForCancel) EndHeldFetch(context, true);
         return grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
       }
       position += chunk.data().size();
@@ -184,13 +187,15 @@ class FakeMaterializer final : public v1::Materializer::Service {
         // Keep writing (the same chunk) until the cancel shows, either as a
         // failed write or on the context.
         const absl::Time give_up = absl::Now() + absl::Seconds(50);
-        while (!context->IsCancelled() && writer->Write(chunk) &&
-               absl::Now() < give_up) {
+        bool write_failed = false;
+        while (!context->IsCancelled() && absl::Now() < give_up) {
+          if (!writer->Write(chunk)) {
+            write_failed = true;
+            break;
+          }
           absl::SleepFor(absl::Milliseconds(5));
         }
-        absl::MutexLock lock(&mu_);
-        held_fetch_saw_cancel_ = context->IsCancelled();
-        held_fetch_done_.Notify();
+        EndHeldFetch(context, write_failed);
         return grpc::Status::OK;
       }
     } while (position < file.size());
@@ -198,6 +203,14 @@ class FakeMaterializer final : public v1::Materializer::Service {
   }
 
  private:
+  // A failed write after the client stopped reading is the cancel, seen
+  // from the stream.
+  void EndHeldFetch(grpc::ServerContext* context, bool write_failed) {
+    absl::MutexLock lock(&mu_);
+    held_fetch_saw_cancel_ = write_failed || context->IsCancelled();
+    held_fetch_done_.Notify();
+  }
+
   static std::string Identity(const grpc::ServerContext& context) {
     const auto& metadata = context.client_metadata();
     const auto it = metadata.find(kClientMetadataKey);
@@ -617,29 +630,25 @@ TEST_F(ClientTest, FetchVerifiesTheDigestOfTheWholeFile) {
   v1::FetchRequest request;
   request.set_handle("h-1");
   request.set_chunk_bytes(3000);
-  ASSERT_OK_AND_ASSIGN(
-      const FetchResult good,
-      client_->Fetch(request, [](const v1::WeightChunk&) {
-        return absl::OkStatus();
-      }));
+  ASSERT_OK_AND_ASSIGN(const FetchResult good,
+                       client_->Fetch(request, [](const v1::WeightChunk&) {
+                         return absl::OkStatus();
+                       }));
   EXPECT_TRUE(good.verified);
   EXPECT_EQ(good.digest, delivery::FormatDigest(delivery::HashBytes(
                              TestFile().data(), TestFile().size())));
 
   fake_.SetFault(Fault::kBadDigest);
-  EXPECT_THAT(client_->Fetch(request,
-                             [](const v1::WeightChunk&) {
-                               return absl::OkStatus();
-                             }),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr("but the server's is xxh3-128:")));
+  EXPECT_THAT(
+      client_->Fetch(request,
+                     [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+      StatusIs(absl::StatusCode::kDataLoss,
+               HasSubstr("but the server's is xxh3-128:")));
   fake_.SetFault(Fault::kNoDigest);
-  EXPECT_THAT(client_->Fetch(request,
-                             [](const v1::WeightChunk&) {
-                               return absl::OkStatus();
-                             }),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       HasSubstr("sent no digest")));
+  EXPECT_THAT(
+      client_->Fetch(request,
+                     [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sent no digest")));
 }
 
 TEST_F(ClientTest, FetchFromAnOffsetVerifiesOnlyWithThePrefixDigest) {

@@ -33,12 +33,43 @@ def count_cases(path: pathlib.Path) -> tuple[int, int, list[str]]:
     return passed, failed, failures
 
 
+def count_bazel(logs: pathlib.Path, targets: pathlib.Path, exit_code: int,
+                label: str) -> tuple[int, int, list[str]]:
+    """Cases of one `bazel test` run over the targets listed in `targets`."""
+    passed = failed = 0
+    failures = []
+    logs = logs.resolve()
+    for target in targets.read_text().split():
+        # //server/spec:validate_test -> <testlogs>/server/spec/validate_test
+        package, _, name = target.removeprefix("//").partition(":")
+        xml = logs / package / name / "test.xml"
+        if not xml.exists():
+            failed += 1
+            failures.append(f"{target}{label}: no result (not built or not run)")
+            continue
+        p, f, names = count_cases(xml)
+        passed += p
+        failed += f
+        failures += [f"{target}{label}: {n}" for n in names]
+    # Exit 3 = some tests failed; anything else non-zero = build or infra
+    # failure. Either must show up as at least one failure.
+    if exit_code != 0 and failed == 0:
+        failed = 1
+        failures.append(f"bazel test{label} exited with {exit_code} "
+                        "(build error, timeout or crash; see its output above)")
+    return passed, failed, failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bazel-testlogs", type=pathlib.Path, required=True)
     parser.add_argument("--bazel-targets", type=pathlib.Path, required=True,
                         help="file listing the test targets, one per line")
     parser.add_argument("--bazel-exit", type=int, required=True)
+    # The ThreadSanitizer run of the concurrency tests (optional).
+    parser.add_argument("--tsan-testlogs", type=pathlib.Path)
+    parser.add_argument("--tsan-targets", type=pathlib.Path)
+    parser.add_argument("--tsan-exit", type=int, default=0)
     parser.add_argument("--junit", type=pathlib.Path, required=True)
     parser.add_argument("--pytest-exit", type=int, required=True)
     args = parser.parse_args()
@@ -46,27 +77,16 @@ def main() -> int:
     passed = failed = 0
     failures = []
 
-    bazel_failed = 0
-    logs = args.bazel_testlogs.resolve()
-    for target in args.bazel_targets.read_text().split():
-        # //server/spec:validate_test -> <testlogs>/server/spec/validate_test
-        package, _, name = target.removeprefix("//").partition(":")
-        xml = logs / package / name / "test.xml"
-        if not xml.exists():
-            bazel_failed += 1
-            failures.append(f"{target}: no result (not built or not run)")
+    for logs, targets, code, label in (
+            (args.bazel_testlogs, args.bazel_targets, args.bazel_exit, ""),
+            (args.tsan_testlogs, args.tsan_targets, args.tsan_exit,
+             " (tsan)")):
+        if logs is None:
             continue
-        p, f, names = count_cases(xml)
+        p, f, names = count_bazel(logs, targets, code, label)
         passed += p
-        bazel_failed += f
-        failures += [f"{target}: {n}" for n in names]
-    # Exit 3 = some tests failed; anything else non-zero = build or infra
-    # failure. Either must show up as at least one failure.
-    if args.bazel_exit != 0 and bazel_failed == 0:
-        bazel_failed = 1
-        failures.append(f"bazel test exited with {args.bazel_exit} "
-                        "(build error, timeout or crash; see its output above)")
-    failed += bazel_failed
+        failed += f
+        failures += names
 
     py_failed = 0
     if args.junit.exists():

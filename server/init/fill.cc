@@ -394,6 +394,7 @@ at::Tensor RopeInvFreq(const RopeParams& p) {
     }
   }
   TORCH_CHECK(false, "unknown RoPE scaling");
+  return at::Tensor();  // not reached; unoptimized builds cannot tell
 }
 
 }  // namespace materializer::init

@@ -5,6 +5,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/time_util.h"
+#include "server/common/happens_before.h"
 #include "server/common/log.h"
 #include "server/service/status.h"
 
@@ -16,10 +17,12 @@ class AttachReactor final
  public:
   AttachReactor(registry::SessionTable* sessions, engine::Caller caller)
       : sessions_(sessions), caller_(std::move(caller)) {
+    ReactionScope reaction(this);
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
+    ReactionScope reaction(this);
     if (!ok) {
       // The client closed its side (or the stream broke): the lease ends.
       Detach();
@@ -57,6 +60,7 @@ class AttachReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionScope reaction(this);
     if (!ok) {
       Detach();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "attach broken"));
@@ -66,10 +70,14 @@ class AttachReactor final
   }
 
   // The client went away (killed, network lost, deadline) or the server is
-  // shutting down.
-  void OnCancel() override { Detach(); }
+  // shutting down. May run alongside a read or write reaction (mu_).
+  void OnCancel() override {
+    ReactionScope reaction(this);
+    Detach();
+  }
 
   void OnDone() override {
+    HappensAfter(this);
     Detach();
     delete this;
   }
@@ -106,8 +114,14 @@ class AttachReactor final
 class RefusedAttach final
     : public grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse> {
  public:
-  explicit RefusedAttach(grpc::Status status) { Finish(std::move(status)); }
-  void OnDone() override { delete this; }
+  explicit RefusedAttach(grpc::Status status) {
+    ReactionScope reaction(this);
+    Finish(std::move(status));
+  }
+  void OnDone() override {
+    HappensAfter(this);
+    delete this;
+  }
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
+#include "server/common/happens_before.h"
 #include "server/common/log.h"
 #include "server/service/status.h"
 
@@ -35,15 +36,18 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit FetchReactor(std::unique_ptr<delivery::WeightStream> stream)
       : stream_(std::move(stream)) {
+    ReactionScope reaction(this);
     WriteNext();
   }
 
   // A failed open: finish at once with the error.
   explicit FetchReactor(const absl::Status& status) {
+    ReactionScope reaction(this);
     Finish(ToGrpcStatus(status));
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionScope reaction(this);
     // gRPC holds its own references to what it still sends.
     buffer_.Clear();
     if (!ok) {
@@ -56,7 +60,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     WriteNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    HappensAfter(this);
+    delete this;
+  }
 
  private:
   void WriteNext() {
