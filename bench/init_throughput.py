@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
-import run as bench_run  # noqa: E402  (Service, machine, git_commit)
+import run as bench_run  # noqa: E402  (Service, machine, git_commit, write_results)
 import matutil  # noqa: E402  (the Python reference of every scheme)
 
 SEED = 1234
@@ -207,25 +207,8 @@ def main():
             "",
             table,
         ])
-        write_section(key, body)
+        bench_run.write_results(key, body, mark="bench/init_throughput.py")
         print(f"updated {os.path.relpath(bench_run.RESULTS)}", file=sys.stderr)
-
-
-def write_section(key, body):
-    """Replaces this machine's init-throughput section, or appends one; the
-    sections of bench/run.py are left as they are."""
-    path = bench_run.RESULTS
-    text = open(path, encoding="utf-8").read() if os.path.exists(path) else bench_run.INTRO
-    begin = f"<!-- bench/init_throughput.py: {key} -->"
-    end = f"<!-- /bench/init_throughput.py: {key} -->"
-    block = f"{begin}\n{body}\n{end}"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "RESULTS.md")
+sys.path.insert(0, HERE)
+import run as bench_run  # noqa: E402  (git_commit, write_results)
 DEFAULT_BENCH = os.path.join(REPO, "bazel-bin", "server", "init", "portable",
                              "portable_bench")
 CASES = [("normal", "float32"), ("normal", "bfloat16"),
@@ -69,17 +70,6 @@ def machine():
         pass
     isa = "AVX-512F" if " avx512f" in flags else "AVX2" if " avx2" in flags else "no AVX2"
     return {"cpu": cpu, "cores": os.cpu_count(), "ram": ram, "isa": isa}
-
-
-def git_commit():
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, capture_output=True, text=True).stdout.strip()
-        return head + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_bench(binary, nbytes, threads, reps):
@@ -153,20 +143,6 @@ def table(nbytes, bench, torch_s):
     return "\n".join(lines)
 
 
-def write_results(section_key, body):
-    text = open(RESULTS, encoding="utf-8").read()
-    begin = f"<!-- {MARK}: {section_key} -->"
-    end = f"<!-- /{MARK}: {section_key} -->"
-    block = f"{begin}\n{body}\n{end}"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(RESULTS, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=1.0, help="buffer size in GiB")
@@ -210,14 +186,14 @@ def main():
             f"- machine: {mach['cpu']} ({mach['cores']} cores, {mach['isa']}), "
             f"{mach['ram']}, {platform.system()} {platform.release()}",
             f"- software: torch {torch.__version__}, Python {platform.python_version()}, "
-            f"commit {git_commit()}",
+            f"commit {bench_run.git_commit()}",
             f"- buffer: {nbytes:,} bytes; threads: {args.threads} on both sides "
             "(FillOptions.threads; torch.set_num_threads); 1-minute " + load,
             "",
             body_table,
         ])
-        write_results(key, body)
-        print(f"updated {os.path.relpath(RESULTS)}", file=sys.stderr)
+        bench_run.write_results(key, body, mark=MARK)
+        print(f"updated {os.path.relpath(bench_run.RESULTS)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

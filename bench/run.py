@@ -342,10 +342,12 @@ machine replaces its section.
 """
 
 
-def write_results(section_key, body):
+def write_results(section_key, body, mark="bench/run.py"):
+    """Replaces the section that `mark` (the writing script) keeps for this
+    machine in bench/RESULTS.md, or appends it; other sections stay."""
     text = open(RESULTS, encoding="utf-8").read() if os.path.exists(RESULTS) else INTRO
-    begin = f"<!-- bench/run.py: {section_key} -->"
-    end = f"<!-- /bench/run.py: {section_key} -->"
+    begin = f"<!-- {mark}: {section_key} -->"
+    end = f"<!-- /{mark}: {section_key} -->"
     block = f"{begin}\n{body}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if pattern.search(text):
