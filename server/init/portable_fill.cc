@@ -1,24 +1,21 @@
 #include "server/init/portable_fill.h"
 
+#include <ATen/ops/empty.h>
 #include <dlfcn.h>
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
-#include <ATen/ops/empty.h>
-
 #include "absl/strings/str_cat.h"
 #include "server/init/fill.h"
-#include "server/init/init_math.h"
 #include "server/init/portable/portable.h"
 #include "server/init/portable/portable_cuda.h"
+#include "server/init/portable_request.h"
 #include "server/init/schemes.h"
 
 namespace materializer::init {
 namespace {
-
-using portable::Distribution;
 
 [[noreturn]] void Fail(const absl::Status& status) {
   throw std::runtime_error(std::string(status.message()));
@@ -28,68 +25,6 @@ template <typename T>
 T OrFail(absl::StatusOr<T> value) {
   if (!value.ok()) Fail(value.status());
   return *std::move(value);
-}
-
-// The distribution a random scheme draws from, with its parameters computed
-// as torch.nn.init computes them (from the full shape).
-Distribution DistributionOf(const v1::InitScheme& scheme,
-                            const std::vector<int64_t>& full_shape) {
-  switch (scheme.scheme_case()) {
-    case v1::InitScheme::kUniform: {
-      const UniformParams p = GetParams(scheme.uniform());
-      return Distribution::Uniform(p.a, p.b);
-    }
-    case v1::InitScheme::kNormal: {
-      const NormalParams p = GetParams(scheme.normal());
-      return Distribution::Normal(p.mean, p.std);
-    }
-    case v1::InitScheme::kTruncNormal: {
-      const v1::TruncNormal& t = scheme.trunc_normal();
-      return Distribution::TruncNormal(t.has_mean() ? t.mean() : 0.0,
-                                       t.has_std() ? t.std() : 1.0,
-                                       t.has_a() ? t.a() : -2.0,
-                                       t.has_b() ? t.b() : 2.0);
-    }
-    case v1::InitScheme::kXavierUniform:
-    case v1::InitScheme::kXavierNormal: {
-      const bool uniform = scheme.has_xavier_uniform();
-      const v1::Gain& gain_spec = uniform ? scheme.xavier_uniform().gain()
-                                          : scheme.xavier_normal().gain();
-      const double gain = OrFail(ResolveGain(gain_spec, "gain"));
-      const double std = XavierStd(OrFail(FanInAndFanOut(full_shape)), gain);
-      if (!uniform) return Distribution::Normal(0.0, std);
-      const double bound = UniformBoundForStd(std);
-      return Distribution::Uniform(-bound, bound);
-    }
-    case v1::InitScheme::kKaimingUniform:
-    case v1::InitScheme::kKaimingNormal: {
-      const bool uniform = scheme.has_kaiming_uniform();
-      const double a = uniform ? (scheme.kaiming_uniform().has_a()
-                                      ? scheme.kaiming_uniform().a()
-                                      : 0.0)
-                               : (scheme.kaiming_normal().has_a()
-                                      ? scheme.kaiming_normal().a()
-                                      : 0.0);
-      const std::string& mode_text = uniform ? scheme.kaiming_uniform().mode()
-                                             : scheme.kaiming_normal().mode();
-      std::string nonlinearity = uniform
-                                     ? scheme.kaiming_uniform().nonlinearity()
-                                     : scheme.kaiming_normal().nonlinearity();
-      if (nonlinearity.empty()) nonlinearity = "leaky_relu";
-      const Fans fans = OrFail(FanInAndFanOut(full_shape));
-      const FanMode mode = OrFail(ParseFanMode(mode_text));
-      const double gain = OrFail(CalculateGain(nonlinearity, a));
-      const double std = KaimingStd(
-          mode == FanMode::kFanIn ? fans.fan_in : fans.fan_out, gain);
-      if (!uniform) return Distribution::Normal(0.0, std);
-      const double bound = UniformBoundForStd(std);
-      return Distribution::Uniform(-bound, bound);
-    }
-    default:
-      break;
-  }
-  Fail(absl::InternalError(
-      absl::StrCat(DescribeScheme(scheme), " is not a portable random scheme")));
 }
 
 bool NeedsFullTensor(const v1::InitScheme& scheme) {
@@ -138,13 +73,14 @@ void FillPortableTensor(at::Tensor& view, const spec::TensorDesc& desc,
     view.copy_(box);
     return;
   }
-  portable::PortableRequest request;
-  request.seed = seed;
-  request.name_hash = portable::NameHash(desc.name);
-  request.dtype = desc.dtype;
-  request.dist = DistributionOf(scheme, desc.full_shape());
-  request.shape = desc.full_shape();
-  if (desc.is_shard()) request.box = portable::Box{desc.shard_offset, desc.shape};
+  PortableTarget target;
+  target.name = desc.name;
+  target.dtype = desc.dtype;
+  target.shape = desc.full_shape();
+  if (desc.is_shard())
+    target.box = portable::Box{desc.shard_offset, desc.shape};
+  const portable::PortableRequest request =
+      OrFail(PortableRequestFor(scheme, target, seed));
   if (view.is_cuda()) {
     absl::Status status =
         portable::FillPortableCuda(request, view.data_ptr(), nullptr);

@@ -5,9 +5,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/init/glob.h"
+#include "server/init/portable_request.h"
 #include "server/init/rng_mode.h"
 #include "server/init/schemes.h"
+#include "server/init/value_range.h"
+#include "server/spec/field_path.h"
 
 namespace materializer::init {
 namespace {
@@ -22,12 +26,51 @@ std::string RulePath(int index, const v1::InitRule& rule) {
 }
 
 std::string TensorPath(int index, const spec::TensorDesc& tensor) {
-  return absl::StrCat("model.tensors[", index, "] (\"", tensor.name, "\")");
+  return spec::TensorPath(index, tensor.name);
 }
 
 absl::Status Prefixed(const std::string& path, const absl::Status& status) {
   return absl::Status(status.code(),
                       absl::StrCat(path, ": ", status.message()));
+}
+
+// The same requests the portable fill will make (portable_fill.cc), checked
+// the way the kernels check them: every failure they could report is
+// reported here, before anything is allocated, whatever the shard.
+absl::Status CheckPortableRequests(uint64_t seed,
+                                   const std::vector<spec::TensorDesc>& tensors,
+                                   const Resolution& resolution,
+                                   const std::vector<std::string>& sources) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const spec::TensorDesc& tensor = tensors[i];
+    if (tensor.tie_root >= 0) continue;
+    const ResolvedInit& init = resolution.inits[i];
+    const v1::InitScheme* scheme = &init.scheme;
+    if (init.module != nullptr) {
+      for (const ModuleSlot& slot : init.module->slots) {
+        if (slot.tensor == static_cast<int>(i)) scheme = &slot.op;
+      }
+    }
+    if (!IsRandom(*scheme)) continue;
+    PortableTarget target;
+    target.name = tensor.name;
+    target.dtype = tensor.dtype;
+    target.shape = tensor.full_shape();
+    if (tensor.is_shard()) {
+      target.box = portable::Box{tensor.shard_offset, tensor.shape};
+    }
+    absl::StatusOr<portable::PortableRequest> request =
+        PortableRequestFor(*scheme, target, seed);
+    absl::Status status =
+        request.ok() ? CheckPortableRequest(*request) : request.status();
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(TensorPath(static_cast<int>(i), tensor), ":", sources[i],
+                       " ", DescribeScheme(*scheme),
+                       " in RNG_MODE_PORTABLE: ", status.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -71,7 +114,7 @@ absl::StatusOr<Resolution> ResolveInits(
       if (absl::Status s = CheckSchemeParameters(spec.init()); !s.ok()) {
         return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
       }
-      if (absl::Status s = CheckSchemeForTensor(spec.init(), tensor); !s.ok()) {
+      if (absl::Status s = CheckSchemeFits(spec.init(), tensor); !s.ok()) {
         return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
       }
       out.scheme = spec.init();
@@ -83,7 +126,7 @@ absl::StatusOr<Resolution> ResolveInits(
       if (!GlobMatch(rule.pattern(), tensor.name)) continue;
       ++matched[r];
       if (covered) continue;
-      if (absl::Status s = CheckSchemeForTensor(rule.init(), tensor); !s.ok()) {
+      if (absl::Status s = CheckSchemeFits(rule.init(), tensor); !s.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat(TensorPath(i, tensor), ": ", RulePath(r, rule),
                          " applies: ", s.message()));
@@ -164,6 +207,11 @@ absl::StatusOr<Resolution> ResolveInits(
             ? DescribeModuleDefault(*out.module, static_cast<int>(i))
             : DescribeScheme(out.scheme),
         sources[i]);
+  }
+
+  if (EffectiveRngMode(model.rng()) == v1::RNG_MODE_PORTABLE) {
+    RETURN_IF_ERROR(
+        CheckPortableRequests(model.seed(), tensors, resolution, sources));
   }
 
   for (int r = 0; r < model.init_rules_size(); ++r) {
