@@ -27,11 +27,6 @@ T OrFail(absl::StatusOr<T> value) {
   return *std::move(value);
 }
 
-bool NeedsFullTensor(const v1::InitScheme& scheme) {
-  return scheme.has_eye() || scheme.has_dirac() || scheme.has_arange() ||
-         scheme.has_rope_inv_freq();
-}
-
 // Waits for work queued on CUDA's legacy default stream.
 void SynchronizeCuda() {
   using Synchronize = int (*)();
@@ -53,45 +48,59 @@ void SynchronizeCuda() {
 
 }  // namespace
 
-void FillPortableTensor(at::Tensor& view, const spec::TensorDesc& desc,
-                        const v1::InitScheme& scheme, uint64_t seed,
-                        int threads) {
-  if (desc.numel == 0) return;
+void FillPortableStep(at::Tensor& view, const spec::TensorDesc& desc,
+                      const v1::InitScheme& scheme,
+                      const std::optional<portable::Box>& region, uint32_t step,
+                      uint64_t seed, int threads) {
+  const portable::Box full = portable::FullBox(desc.full_shape());
+  const portable::Box& filled = region.has_value() ? *region : full;
+  const portable::Box stored =
+      desc.is_shard() ? portable::Box{desc.shard_offset, desc.shape} : full;
+  // The elements of the step that this view holds, in the coordinates of
+  // the full tensor, of the step's region, and of the view.
+  const portable::Box both = portable::Intersect(filled, stored);
+  if (portable::NumElements(both) == 0) return;
+  const portable::Box in_region = portable::Relative(both, filled.offset);
+  at::Tensor dst = view;
+  for (size_t d = 0; d < both.offset.size(); ++d) {
+    dst = dst.narrow(static_cast<int64_t>(d), both.offset[d] - stored.offset[d],
+                     both.length[d]);
+  }
+  const bool whole_region = in_region.length == filled.length;
+
   if (!IsRandom(scheme)) {
-    if (!desc.is_shard() || !NeedsFullTensor(scheme)) {
-      Fill(view, scheme, std::nullopt);  // the value does not depend on where
-      return;
+    if (whole_region) {
+      Fill(dst, scheme, std::nullopt);  // the region as a tensor of its own
+    } else {
+      FillBox(dst, scheme, filled.length, in_region);
     }
-    // Computed for the full tensor, then sliced.
-    at::Tensor full = at::empty(desc.full_shape(), view.options());
-    Fill(full, scheme, std::nullopt);
-    at::Tensor box = full;
-    for (size_t d = 0; d < desc.shape.size(); ++d) {
-      box = box.narrow(static_cast<int64_t>(d), desc.shard_offset[d],
-                       desc.shape[d]);
-    }
-    view.copy_(box);
     return;
   }
   PortableTarget target;
   target.name = desc.name;
   target.dtype = desc.dtype;
-  target.shape = desc.full_shape();
-  if (desc.is_shard())
-    target.box = portable::Box{desc.shard_offset, desc.shape};
+  target.shape = filled.length;
+  if (!whole_region) target.box = in_region;
+  target.stream = step;
   const portable::PortableRequest request =
       OrFail(PortableRequestFor(scheme, target, seed));
-  if (view.is_cuda()) {
+  // The kernels write the box dense: straight into the view where that is
+  // the view's layout, else into scratch memory that is then copied.
+  at::Tensor out =
+      dst.is_contiguous() ? dst : at::empty(dst.sizes(), dst.options());
+  if (out.is_cuda()) {
     absl::Status status =
-        portable::FillPortableCuda(request, view.data_ptr(), nullptr);
+        portable::FillPortableCuda(request, out.data_ptr(), nullptr);
     if (!status.ok()) Fail(status);
     SynchronizeCuda();
-    return;
+  } else {
+    portable::FillOptions options;
+    options.threads = threads;
+    absl::Status status =
+        portable::FillPortable(request, out.data_ptr(), options);
+    if (!status.ok()) Fail(status);
   }
-  portable::FillOptions options;
-  options.threads = threads;
-  absl::Status status = portable::FillPortable(request, view.data_ptr(), options);
-  if (!status.ok()) Fail(status);
+  if (!out.is_same(dst)) dst.copy_(out);
 }
 
 }  // namespace materializer::init

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "server/init/values.h"
+#include "server/spec/limits.h"
 
 namespace materializer::init {
 namespace {
@@ -18,7 +20,7 @@ using spec::DType;
 constexpr const char* kSchemeNames =
     "zeros, ones, constant, uniform, normal, trunc_normal, xavier_uniform, "
     "xavier_normal, kaiming_uniform, kaiming_normal, orthogonal, eye, dirac, "
-    "sparse, module_default, empty, arange, rope_inv_freq";
+    "sparse, module_default, empty, arange, rope_inv_freq, values";
 
 constexpr const char* kRopeTypes = "default, linear, dynamic, llama3, yarn";
 
@@ -267,6 +269,13 @@ absl::Status CheckRopeForTensor(const v1::RopeInvFreq& rope,
         "has shape ",
         ShapeText(tensor)));
   }
+  if (tensor.full_shape()[0] > spec::kMaxRopeFrequencies) {
+    return Invalid(absl::StrCat("rope_inv_freq fills at most ",
+                                spec::kMaxRopeFrequencies,
+                                " frequencies (rotary dimensions are in the "
+                                "hundreds); the tensor has shape ",
+                                ShapeText(tensor)));
+  }
   const RopeParams p = GetParams(rope, tensor.full_shape()[0]);
   const int64_t expected = (p.dim + 1) / 2;  // len(range(0, dim, 2))
   if (tensor.full_shape()[0] != expected) {
@@ -481,7 +490,7 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme) {
     case v1::InitScheme::kRopeInvFreq:
       return CheckRope(scheme.rope_inv_freq());
     case v1::InitScheme::kValues:
-      return Invalid("values is not implemented by this server yet");
+      return absl::OkStatus();  // checked against the tensor (values.h)
     case v1::InitScheme::SCHEME_NOT_SET:
       break;
   }
@@ -549,6 +558,8 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
       return CheckArange(tensor);
     case v1::InitScheme::kRopeInvFreq:
       return CheckRopeForTensor(scheme.rope_inv_freq(), tensor);
+    case v1::InitScheme::kValues:
+      return CheckValues(scheme.values(), tensor);
     default:
       return absl::OkStatus();
   }

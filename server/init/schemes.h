@@ -89,9 +89,10 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme);
 // Checks that `scheme` can fill `tensor` (its full shape): random schemes
 // need a floating dtype; fan-based schemes and orthogonal need >= 2
 // dimensions, eye and sparse 2, dirac 3 to 5; arange no bool; RoPE needs a
-// 1-D tensor of ceil(dim / 2) elements. Whether the values fit the dtype is
-// CheckValueRange's (value_range.h). module_default is checked with its
-// module (module_plan.h).
+// 1-D tensor of ceil(dim / 2) elements (at most kMaxRopeFrequencies);
+// values the tensor's size and no NaN (values.h). Whether the values fit the
+// dtype is CheckValueRange's (value_range.h). module_default is checked with
+// its module (module_plan.h).
 absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
                                   const spec::TensorDesc& tensor);
 

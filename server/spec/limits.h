@@ -25,6 +25,21 @@ inline constexpr uint64_t kMaxTensorBytes = (uint64_t{1} << 63) - 1;
 // elements. docs/portable-rng.md, section 4.
 inline constexpr uint64_t kMaxPortableElements = uint64_t{1} << 62;
 
+// rope_inv_freq computes its frequencies into scratch memory (float32,
+// with temporaries) outside the reserved arena; rotary dimensions are in
+// the hundreds.
+inline constexpr int64_t kMaxRopeFrequencies = int64_t{1} << 20;
+// TensorSpec.init_steps: steps of one tensor, and of the whole request.
+// Recorded init code has a handful per tensor (a draw, then a padding row
+// zeroed); each step is a kernel launch, so the request's total bounds the
+// work.
+inline constexpr int kMaxInitStepsPerTensor = 1024;
+inline constexpr int kMaxInitStepsPerRequest = 1 << 20;
+// Bytes of literal values (InitScheme.values) in one request, all tensors
+// and steps together: half the server's default gRPC receive limit
+// (256 MiB), so the rest of a large model's request still fits beside them.
+inline constexpr uint64_t kMaxValuesBytesPerRequest = uint64_t{128} << 20;
+
 }  // namespace materializer::spec
 
 #endif  // MATERIALIZER_SERVER_SPEC_LIMITS_H_
