@@ -63,6 +63,9 @@ absl::StatusOr<std::unique_ptr<HealthListener>> HealthListener::Start(
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.SetOption(std::make_unique<WithoutPlugins>());
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // gRPC binds with SO_REUSEPORT by default, so a second process could
+  // share the port and answer half the probes; the port is ours alone.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<HealthListener> listener(new HealthListener());
   listener->nothing_else_ = std::make_unique<NothingElse>();
   builder.RegisterCallbackGenericService(listener->nothing_else_.get());
