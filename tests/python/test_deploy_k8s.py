@@ -215,7 +215,7 @@ def test_security_context_is_locked_down(rendered, examples):
             assert c["securityContext"]["readOnlyRootFilesystem"] is True
             # What it writes goes to volumes.
             mounts = {m["mountPath"] for m in c["volumeMounts"]}
-            assert "/tmp" in mounts or name.endswith("cpu.yaml"), (name, mounts)
+            assert "/tmp" in mounts, (name, mounts)
         assert not spec.get("hostIPC") and not spec.get("hostPID") and \
             not spec.get("hostNetwork"), name
 
