@@ -8,6 +8,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/common/log.h"
@@ -17,6 +19,10 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve on; port 0 picks a free port (the bound "
           "address is printed on stdout)");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a second, plaintext port that serves only the gRPC "
+          "health service (grpc.health.v1), for probes that cannot do TLS; "
+          "empty = none");
 ABSL_FLAG(std::string, devices, "auto",
           "pool devices: auto (every CUDA device, else the CPU), or a comma "
           "list such as cpu or cuda:0,cuda:2");
@@ -60,6 +66,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Materializes PyTorch meta modules into initialized weights over gRPC.\n"
       "Usage: materializerd [--listen=127.0.0.1:50051] [--devices=auto] ...");
+  // --help lists the flags of this file (absl's default looks for a file
+  // named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 
   materializer::log::Level level;
@@ -72,6 +85,7 @@ int main(int argc, char** argv) {
 
   materializer::service::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.pool.devices = absl::GetFlag(FLAGS_devices);
   options.pool.cpu_capacity = absl::GetFlag(FLAGS_cpu_capacity);
   options.pool.cuda_reserve = absl::GetFlag(FLAGS_cuda_reserve);

@@ -21,6 +21,7 @@
 #include "server/registry/registry.h"
 #include "server/registry/session.h"
 #include "server/service/auth.h"
+#include "server/service/health_listener.h"
 #include "server/service/materializer_service.h"
 
 namespace materializer::service {
@@ -138,6 +139,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   const std::string host =
       options.listen.substr(0, options.listen.rfind(':'));
   server->address_ = absl::StrCat(host, ":", server->port_);
+  if (!options.health_listen.empty()) {
+    ASSIGN_OR_RETURN(
+        server->health_listener_,
+        HealthListener::Start(options.health_listen, {"", kServiceName}));
+    MLOG(INFO) << "health checks (plaintext, grpc.health.v1 only) on "
+               << server->health_listener_->address();
+  }
 
   std::vector<std::string> summary;
   for (const memory::DeviceConfig& device : devices) {
@@ -185,6 +193,10 @@ void Server::ReapLoop(absl::Duration interval) {
 
 Server::~Server() { Shutdown(absl::Seconds(5)); }
 
+std::string Server::health_address() const {
+  return health_listener_ == nullptr ? "" : health_listener_->address();
+}
+
 void Server::Wait() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(&shut_down_));
@@ -199,6 +211,8 @@ void Server::Shutdown(absl::Duration deadline) {
     }
     shutting_down_ = true;
   }
+  // Probes see the drain before the port stops taking calls.
+  if (health_listener_ != nullptr) health_listener_->SetNotServing();
   // grpc_server_ is null when Start failed half way.
   if (grpc_server_ != nullptr) {
     if (grpc::HealthCheckServiceInterface* health =
@@ -215,6 +229,7 @@ void Server::Shutdown(absl::Duration deadline) {
   }
   if (reaper_.joinable()) reaper_.join();
   workers_.reset();  // finishes queued and async work
+  if (health_listener_ != nullptr) health_listener_->Shutdown();
   if (grpc_server_ != nullptr) {
     MLOG(INFO) << "shut down";
   }

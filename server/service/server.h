@@ -36,11 +36,15 @@ class HandleRegistry;
 class SessionTable;
 }
 namespace service {
+class HealthListener;
 class MaterializerService;
 
 struct ServerOptions {
   // host:port; port 0 picks a free one (see Server::address()).
   std::string listen = "127.0.0.1:50051";
+  // If set, a second, plaintext port that serves only grpc.health.v1
+  // (health_listener.h), for probes that cannot do TLS.
+  std::string health_listen;
   memory::PoolOptions pool;
   // Per-client quotas: a JSON file (format in server/memory/quota.h), and
   // the default for clients it does not list (or for everyone, without a
@@ -80,6 +84,8 @@ class Server {
   // The bound address, e.g. "127.0.0.1:41234".
   const std::string& address() const { return address_; }
   int port() const { return port_; }
+  // The health listener's bound address; empty without health_listen.
+  std::string health_address() const;
 
   memory::DevicePool& pool() { return *pool_; }
   registry::HandleRegistry& registry() { return *registry_; }
@@ -107,6 +113,8 @@ class Server {
   std::unique_ptr<ThreadPool> workers_;
   std::unique_ptr<MaterializerService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // Goes NOT_SERVING when a shutdown begins, closes after the drain.
+  std::unique_ptr<HealthListener> health_listener_;
   // Releases handles of ended sessions and lapsed leases.
   std::thread reaper_;
 
