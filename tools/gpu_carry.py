@@ -7,7 +7,8 @@ everything else the run needs, built here:
 
   bundle/                  tools/bundle.py --without-libtorch --with-system-libs:
     bin/materializerd, bin/matctl
-    bin/portable_cuda_check, bin/portable_cuda_bench, bin/fetch_discard
+    bin/portable_cuda_check, bin/portable_cuda_bench, bin/fetch_discard,
+    bin/gpu_export_read
     tests/<name>           the C++ tests tagged requires-gpu
     lib/system/            gRPC, protobuf, abseil, ... (glibc stays the host's)
     lib/torch              absent: tools/gpu-run links the machine's torch here
@@ -46,6 +47,7 @@ TOOLS = {
     "portable_cuda_check": "server/init/portable/portable_cuda_check",
     "portable_cuda_bench": "server/init/portable/portable_cuda_bench",
     "fetch_discard": "bench/fetch_discard",
+    "gpu_export_read": "bench/gpu_export_read",
 }
 SERVER = "server/materializerd"
 MATCTL = "client/matctl"

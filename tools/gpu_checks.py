@@ -670,11 +670,13 @@ def export_model(mib):
 
 
 def check_ipc_export(ctx, figures):
-    """A CUDA IPC export opened by a second process (torch +
-    cudaIpcOpenMemHandle, tests/python/delivery_cuda_importer.py) reads the
-    same bytes as the server (Describe's digests) and as the same model
+    """A CUDA IPC export opened by a second process, once from Python
+    (torch + cudaIpcOpenMemHandle, tests/python/delivery_cuda_importer.py)
+    and once with the C++ client (bench/gpu_export_read), reads the same
+    bytes as the server (Describe's digests) and as the same model
     materialized on the CPU; release is refused while it is exported.
-    Rehearsing: a shared-memory export and tests/python/delivery_importer.py."""
+    Rehearsing: a shared-memory export, tests/python/delivery_importer.py
+    and the same C++ reader."""
     import grpc
     mib = 8 if ctx.quick else 256
     a, b = ctx.server("a"), ctx.server("b")
@@ -706,6 +708,18 @@ def check_ipc_export(ctx, figures):
         first = json.loads(proc.stdout.strip().splitlines()[0])
         got = first.get("digests", first)
         expect(got == expected, f"the importer read other bytes: {got} vs {expected}")
+        # The C++ client's importer (ExportImport + ViewAsTensors), too.
+        cpp = subprocess.run([str(ctx.bin / "gpu_export_read"), str(pb_path)],
+                             capture_output=True, text=True,
+                             timeout=max(5, ctx.left() - 10))
+        print(cpp.stdout + cpp.stderr)
+        expect(cpp.returncode == 0, f"gpu_export_read failed ({cpp.returncode}): "
+               f"{cpp.stderr[-800:]}")
+        read = json.loads(cpp.stdout.strip().splitlines()[-1])
+        figures["cpp_importer_on_cuda"] = read["on_cuda"]
+        expect(read["on_cuda"] == ctx.gpu, f"C++ import on_cuda={read['on_cuda']}")
+        expect(read["digests"] == expected,
+               f"the C++ importer read other bytes: {read['digests']}")
         # Exported: a plain release is refused.
         try:
             a.release(handle, CLIENT)
