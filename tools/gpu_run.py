@@ -427,6 +427,7 @@ class Run:
                       f"{self.carry}, out {self.out}, budget {self.args.budget} s")
         self.snapshot_nvidia_smi("start")
         checks_py = HERE / "gpu_checks.py"
+        completed = False  # every step ran (not stopped by a signal)
         try:
             for name, title, full_s, quick_s in STEPS:
                 allowed = quick_s if self.args.quick else full_s
@@ -459,12 +460,13 @@ class Run:
                     continue
                 timeout = min(allowed, self.remaining() - RESERVE_S)
                 self.child(name, title, timeout, checks_py)
+            completed = True
         finally:
             if not any(c["name"] == "server_shutdown"
                        for c in self.results.data["checks"]):
                 self.shutdown("server_shutdown", STEPS[-1][1])
             self.snapshot_nvidia_smi("end")
-            self.results.write(finished=True)
+            self.results.write(finished=completed)
             shutil.rmtree(self.scratch, ignore_errors=True)
         s = self.results.data["summary"]
         self.log.line(f"done: {s[PASS]} PASS, {s[FAIL]} FAIL, {s[SKIP]} SKIP "
