@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "grpcpp/support/slice.h"
+#include "absl/synchronization/mutex.h"
 #include "server/common/happens_before.h"
 #include "server/common/log.h"
 #include "server/service/status.h"
@@ -32,12 +33,12 @@ void ReleaseKeepalive(void* user_data) {
 
 // Streams one fetch. Deletes itself when gRPC is done with it.
 //
-// Each step (open, produce a chunk) is a closure on the worker pool that
-// ends by starting a write or finishing; the next step is queued when that
-// write completes. So exactly one thing touches the reactor's state at a
-// time: a worker step, or the callback after it. A worker step marks the
-// reactor (HappensBefore) right before handing it to gRPC, since gRPC's
-// ordering of the write and its completion is invisible to TSan.
+// Chunks are produced on the worker pool, one ahead of the write in
+// flight: when a write starts, the next chunk is queued for production, so
+// the hop to a worker overlaps with sending and the stream never waits for
+// it while there is something to send. At most two chunks exist at a time
+// (one being sent, one produced or parked in next_); one producer runs at
+// a time and owns stream_ while it runs.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(ThreadPool* workers, std::string client)
@@ -51,25 +52,27 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   // Queues the open; false if the client's queue is full (nothing queued).
   bool Begin(OpenStream open, std::function<bool()> cancelled) {
-    HappensBefore(this);
+    {
+      absl::MutexLock lock(&mu_);
+      producing_ = true;
+    }
     return workers_->TrySchedule(
         client_, [this, open = std::move(open),
                   cancelled = std::move(cancelled)] {
-          HappensAfter(this);
           if (cancelled()) {
-            End(absl::CancelledError(
+            HandOver(Step::Failed(absl::CancelledError(
                 "the fetch was cancelled, or its deadline passed, before a "
-                "worker took it"));
+                "worker took it")));
             return;
           }
           absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream =
               open();
           if (!stream.ok()) {
-            End(stream.status());
+            HandOver(Step::Failed(stream.status()));
             return;
           }
           stream_ = std::move(*stream);
-          WriteNext();
+          Produce();
         });
   }
 
@@ -80,20 +83,32 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override {
     ReactionScope reaction(this);
-    // gRPC holds its own references to what it still sends.
-    buffer_.Clear();
-    if (!ok) {
-      // The client went away or cancelled: stop producing and let go of
-      // the arena and any staging buffers at once.
-      stream_.reset();
-      Finish(EndCall("FetchWeights",
-                     absl::CancelledError("fetch cancelled")));
-      return;
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ = false;
+      // gRPC holds its own references to what it still sends.
+      buffer_.Clear();
+      if (!ok) {
+        // The client went away or cancelled: stop producing and let go of
+        // the arena and any staging buffers at once (a producer still
+        // running does it when it hands over).
+        cancelled_ = true;
+        next_.reset();
+        if (producing_) return;
+        stream_.reset();
+        step = Step::Failed(absl::CancelledError("fetch cancelled"));
+      } else if (next_ != nullptr) {
+        step = std::move(*next_);
+        next_.reset();
+      } else if (producing_) {
+        return;  // the producer starts the write when it is done
+      } else {
+        step = Step::Failed(absl::OkStatus());  // everything was sent
+      }
+      if (step.chunk) in_flight_ = true;
     }
-    workers_->Schedule(client_, [this] {
-      HappensAfter(this);
-      WriteNext();
-    });
+    Start(std::move(step));
   }
 
   void OnDone() override {
@@ -102,38 +117,102 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  // On a worker. The last thing it does is hand the reactor to gRPC.
-  void WriteNext() {
-    if (stream_ == nullptr) {  // the last chunk has been written
-      End(absl::OkStatus());
-      return;
+  // What comes next: a chunk to write (`last` if no chunk follows), or the
+  // end of the call with `status`.
+  struct Step {
+    bool chunk = false;
+    bool last = false;
+    grpc::ByteBuffer buffer;
+    absl::Status status;
+
+    static Step Failed(absl::Status status) {
+      Step step;
+      step.status = std::move(status);
+      return step;
     }
+  };
+
+  // On a worker: the next chunk from stream_, then hand it over.
+  void Produce() {
     delivery::WeightStream::Chunk chunk;
     absl::Status status = stream_->Next(&chunk);
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
       stream_.reset();
-      End(status);
+      HandOver(Step::Failed(status));
       return;
     }
+    Step step;
+    step.chunk = true;
+    step.buffer = EncodeChunk(chunk);
     // The last chunk is a copy: let go of the arena now, not when gRPC gets
     // round to OnDone, so a Release right after the client read everything
     // frees the memory at once.
-    if (stream_->done()) stream_.reset();
-    buffer_ = EncodeChunk(chunk);
+    if (stream_->done()) {
+      stream_.reset();
+      step.last = true;
+    }
+    HandOver(std::move(step));
+  }
+
+  // On a worker, when a produced step is ready: start it if nothing is
+  // being written, else park it for OnWriteDone.
+  void HandOver(Step step) {
+    {
+      absl::MutexLock lock(&mu_);
+      producing_ = false;
+      if (cancelled_) {
+        stream_.reset();
+        step = Step::Failed(absl::CancelledError("fetch cancelled"));
+      } else if (in_flight_) {
+        next_ = std::make_unique<Step>(std::move(step));
+        return;
+      } else if (step.chunk) {
+        in_flight_ = true;
+      }
+    }
+    Start(std::move(step));
+  }
+
+  // Writes a chunk (and queues the production of the one after it) or
+  // finishes. The caller has set in_flight_ for a chunk.
+  void Start(Step step) {
+    if (!step.chunk) {
+      HappensBefore(this);
+      Finish(EndCall("FetchWeights", step.status));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      buffer_ = std::move(step.buffer);
+      if (!step.last) producing_ = true;
+    }
+    if (!step.last) {
+      workers_->Schedule(client_, [this] { Produce(); });
+    }
     HappensBefore(this);
     StartWrite(&buffer_);
   }
 
-  void End(const absl::Status& status) {
-    HappensBefore(this);
-    Finish(EndCall("FetchWeights", status));
-  }
-
   ThreadPool* const workers_ = nullptr;
   const std::string client_;
+  // Used by the one producer at a time (open, then Produce); reset under
+  // mu_ when the call is cancelled between producers.
   std::unique_ptr<delivery::WeightStream> stream_;
+
+  // The chunk being written: set by whoever starts a write (having set
+  // in_flight_), read by gRPC until OnWriteDone clears it.
   grpc::ByteBuffer buffer_;
+
+  absl::Mutex mu_;
+  // Guards the flags and next_. in_flight_: a write is outstanding;
+  // producing_: a producer is queued or running; next_: a step produced
+  // while a write was in flight; cancelled_: a write failed (the client is
+  // gone).
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool producing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Step> next_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

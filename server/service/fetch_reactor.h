@@ -5,14 +5,15 @@
 // opened WeightStream goes out as a serialized WeightChunk whose `data`
 // bytes are slices referencing the arena (CPU) or the chunk's own buffer
 // (the last chunk, CUDA staging), so tensor bytes are not copied into a
-// message. Chunks are written one at a time: the next is produced only when
-// the previous write completed, so a fetch holds one chunk in flight
-// whatever the model size (docs/delivery.md states the bound).
+// message. Chunks are written one at a time, and produced one ahead of the
+// write in flight, so a fetch holds at most two chunks whatever the model
+// size (docs/delivery.md states the bound).
 //
 // Threads: opening the stream (parsing the request, filters, layout,
 // checksums) and producing every chunk (reading, hashing, staging copies)
 // run on the worker pool under the client's key, one step at a time; gRPC's
-// callback threads only see write completions.
+// callback threads only start writes and see them complete. Producing one
+// chunk ahead keeps the hop to a worker off the stream's critical path.
 
 #include <functional>
 #include <memory>
