@@ -63,7 +63,9 @@ def test_distinct_filters_do_not_grow_the_server(server):
         usage, handles = server.client_usage(None)
         assert handles == 1
         assert after_limit - before < 16, (before, after_limit)
-        assert after_huge - after_limit < 32, (after_limit, after_huge)
+        # (Transient: each 2 MiB request is parsed on one of the workers,
+        # whose malloc arenas keep some of it; the cache used to keep all.)
+        assert after_huge - after_limit < 64, (after_limit, after_huge)
         # The filters within the limits were served.
         assert within_limits == {"OK": 2 * CALLS}, within_limits
     server.assert_idle()
