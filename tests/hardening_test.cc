@@ -115,13 +115,12 @@ TEST(HardeningTest, UnparseableRequestsAreInvalidArgumentNamingTheMessage) {
     grpc::ClientContext context;
     absl::Notification done;
     grpc::Status status;
-    stub.UnaryCall(&context,
-                   std::string("/materializer.v1.Materializer/") + method,
-                   grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status s) {
-                     status = std::move(s);
-                     done.Notify();
-                   });
+    stub.UnaryCall(
+        &context, std::string("/materializer.v1.Materializer/") + method,
+        grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+          status = std::move(s);
+          done.Notify();
+        });
     done.WaitForNotification();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << method;

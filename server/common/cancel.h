@@ -8,7 +8,8 @@
 // cancelled call stops using its worker within milliseconds.
 //
 //   for (size_t i = 0; i < tensors.size(); ++i) {
-//     if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
+//     if (i % kCancelPollInterval == 0)
+//     RETURN_IF_ERROR(CheckCancelled(cancelled));
 //     ...
 //   }
 

@@ -7,7 +7,8 @@
 // handle id in full would reach the client as RESOURCE_EXHAUSTED instead of
 // the error itself. Every input a message echoes goes through Quote.
 //
-//   return absl::NotFoundError(absl::StrCat("handle ", Quote(id), " not found"));
+//   return absl::NotFoundError(absl::StrCat("handle ", Quote(id), " not
+//   found"));
 //   // handle "h-0000...0000" (1048578 bytes) not found
 
 #include <cstddef>

@@ -18,7 +18,8 @@ int Threads(const ThreadPool::Options& options) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) : ThreadPool(WithThreads(num_threads)) {}
+ThreadPool::ThreadPool(int num_threads)
+    : ThreadPool(WithThreads(num_threads)) {}
 
 ThreadPool::ThreadPool(Options options)
     : max_running_(options.max_running_per_key > 0

@@ -74,8 +74,7 @@ class ThreadPool {
     bool ready = false;
   };
 
-  bool Enqueue(absl::string_view key, std::function<void()> work,
-               bool bounded);
+  bool Enqueue(absl::string_view key, std::function<void()> work, bool bounded);
   void WorkLoop();
   // Puts `key` at the back of the round if it can run more now.
   void MaybeReady(const std::string& key, Lane& lane)

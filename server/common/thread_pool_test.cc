@@ -93,8 +93,8 @@ TEST(ThreadPoolTest, KeysAreServedRoundRobin) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   absl::MutexLock lock(&mu);
-  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "c", "a", "b", "a",
-                                             "b"}));
+  EXPECT_EQ(order,
+            (std::vector<std::string>{"a", "b", "c", "a", "b", "a", "b"}));
 }
 
 TEST(ThreadPoolTest, TryScheduleRefusesAFullQueue) {

@@ -49,8 +49,7 @@ absl::StatusOr<Prepared> Prepare(const v1::ModelSpec& model,
                                  uint64_t* validate_us, uint64_t* plan_us) {
   const absl::Time start = absl::Now();
   Prepared prepared;
-  ASSIGN_OR_RETURN(prepared.tensors,
-                   spec::ValidateTensors(model, cancelled));
+  ASSIGN_OR_RETURN(prepared.tensors, spec::ValidateTensors(model, cancelled));
   if (!v1::RngMode_IsValid(model.rng())) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.rng: unknown mode ", model.rng()));
@@ -137,8 +136,8 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
     const Cancelled& cancelled) const {
   uint64_t validate_us = 0;
   uint64_t plan_us = 0;
-  ASSIGN_OR_RETURN(Prepared prepared, Prepare(request.model(), cancelled,
-                                              &validate_us, &plan_us));
+  ASSIGN_OR_RETURN(Prepared prepared,
+                   Prepare(request.model(), cancelled, &validate_us, &plan_us));
   const std::vector<spec::TensorDesc>& tensors = prepared.tensors;
   const spec::Layout& layout = prepared.layout;
 
@@ -146,7 +145,8 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;
   const spec::TensorDesc* largest = nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
+    if (i % kCancelPollInterval == 0)
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
     const spec::TensorDesc& t = tensors[i];
     v1::TensorPlan* plan = response.add_tensors();
     plan->set_name(t.name);
@@ -261,8 +261,8 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
   uint64_t validate_us = 0;
   uint64_t plan_us = 0;
-  ASSIGN_OR_RETURN(Prepared prepared, Prepare(request.model(), cancelled,
-                                              &validate_us, &plan_us));
+  ASSIGN_OR_RETURN(Prepared prepared,
+                   Prepare(request.model(), cancelled, &validate_us, &plan_us));
   timings->set_validate_us(validate_us);
   timings->set_plan_us(plan_us);
 
@@ -362,9 +362,9 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     workers_->Schedule(caller.identity, [handle, moved_reservations, parts,
                                          inits] {
       v1::PhaseTimings ignored;
-      absl::Status status =
-          Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
-                &ignored, /*cancelled=*/[handle] { return handle->released(); });
+      absl::Status status = Build(
+          *handle, std::move(*moved_reservations), parts.get(), *inits,
+          &ignored, /*cancelled=*/[handle] { return handle->released(); });
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
                       << " failed: " << status;
@@ -419,7 +419,8 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
   const std::string& device =
       state == v1::HANDLE_STATE_READY ? spec.device : std::string("meta");
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
-    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
+    if (i % kCancelPollInterval == 0)
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
     const spec::TensorDesc& t = spec.tensors[i];
     v1::TensorInfo* out = info.add_tensors();
     out->set_name(t.name);

@@ -62,9 +62,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  absl::StatusOr<v1::PlanResponse> Plan(
-      const Caller& caller, const v1::PlanRequest& request,
-      const Cancelled& cancelled = {}) const;
+  absl::StatusOr<v1::PlanResponse> Plan(const Caller& caller,
+                                        const v1::PlanRequest& request,
+                                        const Cancelled& cancelled = {}) const;
 
   // `cancelled` is polled while validating and planning, and during init
   // of a synchronous request: once the caller has gone away the work stops

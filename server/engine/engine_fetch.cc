@@ -227,9 +227,9 @@ absl::StatusOr<Filters> CompileFilters(const v1::FetchRequest& request,
     for (int k = 0; k < patterns.size(); ++k) {
       absl::StatusOr<init::Glob> glob = init::Glob::Compile(patterns[k]);
       if (!glob.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, "[", k, "] (", Quote(patterns[k]),
-            "): ", glob.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, "[", k, "] (", Quote(patterns[k]),
+                         "): ", glob.status().message()));
       }
       words += glob->words();
       out->push_back(std::move(*glob));
@@ -406,15 +406,17 @@ absl::StatusOr<BuiltFile> BuildFile(const registry::Handle& handle,
   ASSIGN_OR_RETURN(
       delivery::WeightFile file,
       delivery::BuildWeightFile(request.format(), tensors, selection.metadata));
-  return BuiltFile{std::make_shared<const delivery::WeightFile>(std::move(file)),
-                   selection.key};
+  return BuiltFile{
+      std::make_shared<const delivery::WeightFile>(std::move(file)),
+      selection.key};
 }
 
 // The whole file's digest: cached, or computed now and cached.
-absl::StatusOr<std::string> FileDigestOf(
-    const registry::Handle& handle, const memory::Arena& arena,
-    const delivery::WeightFile& file, const registry::Handle::FileKey& key,
-    const Cancelled& cancelled) {
+absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
+                                         const memory::Arena& arena,
+                                         const delivery::WeightFile& file,
+                                         const registry::Handle::FileKey& key,
+                                         const Cancelled& cancelled) {
   std::string digest = handle.FileDigest(key);
   if (!digest.empty()) return digest;
   delivery::Hasher hasher;
@@ -480,8 +482,8 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
                    TensorDigests(*handle, *arena, cancelled));
-  ASSIGN_OR_RETURN(std::string digest, FileDigestOf(*handle, *arena, *file,
-                                                    built.key, cancelled));
+  ASSIGN_OR_RETURN(std::string digest,
+                   FileDigestOf(*handle, *arena, *file, built.key, cancelled));
 
   // Ranges index the selection; map them back to spec indices by name.
   const registry::HandleSpec& spec = handle->spec();

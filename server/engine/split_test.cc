@@ -38,8 +38,8 @@ TEST(GroupForSplitTest, ModulesAndNoSplitPrefixesInOrder) {
 }
 
 TEST(GroupForSplitTest, LongestPrefixWinsAndLimitsHold) {
-  const std::vector<spec::TensorDesc> tensors = {
-      T("a.b.c.w", 1), T("a.b.x", 1), T("a.bc.w", 1), T("a", 1)};
+  const std::vector<spec::TensorDesc> tensors = {T("a.b.c.w", 1), T("a.b.x", 1),
+                                                 T("a.bc.w", 1), T("a", 1)};
   ASSERT_OK_AND_ASSIGN(const SplitUnits units,
                        GroupForSplit(tensors, {"a", "a.b", "a.b.c"}));
   // "a.bc" is not under "a.b" (a prefix must end at a dot).

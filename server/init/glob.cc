@@ -68,9 +68,8 @@ absl::Status Parse(absl::string_view pattern, std::vector<Item>* items,
     } else if (c == '[') {
       size_t end = 0;
       if (!ParseClass(pattern, i, &item.set, &end)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("pattern ", Quote(pattern), " has a '[' at ", i,
-                         " without a ']'"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pattern ", Quote(pattern), " has a '[' at ", i, " without a ']'"));
       }
       i = end;
     } else {

@@ -53,8 +53,8 @@ bool ReferenceMatch(const std::string& p, const std::string& s) {
     items.push_back(item);
   }
   // can[k][j]: items[0..k) match s[0..j).
-  std::vector<std::vector<bool>> can(
-      items.size() + 1, std::vector<bool>(s.size() + 1, false));
+  std::vector<std::vector<bool>> can(items.size() + 1,
+                                     std::vector<bool>(s.size() + 1, false));
   can[0][0] = true;
   for (size_t k = 1; k <= items.size(); ++k) {
     for (size_t j = 0; j <= s.size(); ++j) {

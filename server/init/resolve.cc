@@ -18,8 +18,8 @@ namespace {
 constexpr size_t kMaxListedChars = 3000;
 
 std::string RulePath(int index, const v1::InitRule& rule) {
-  return absl::StrCat("model.init_rules[", index, "] (",
-                      Quote(rule.pattern()), ")");
+  return absl::StrCat("model.init_rules[", index, "] (", Quote(rule.pattern()),
+                      ")");
 }
 
 std::string TensorPath(int index, const spec::TensorDesc& tensor) {
@@ -121,8 +121,8 @@ absl::StatusOr<Resolution> ResolveInits(
       ++won[r];
       out.scheme = rule.init();
       // Every tensor's description holds this: keep it short.
-      sources[i] = absl::StrCat(" [rule ", r, " ", Quote(rule.pattern(), 64),
-                                "]");
+      sources[i] =
+          absl::StrCat(" [rule ", r, " ", Quote(rule.pattern(), 64), "]");
       covered = true;
     }
     if (!covered) {

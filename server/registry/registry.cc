@@ -17,8 +17,9 @@ namespace {
 
 absl::Status NotFound(absl::string_view id) {
   return absl::NotFoundError(
-      absl::StrCat("handle ", Quote(id), " not found (it does not exist, or it "
-                                        "belongs to another client)"));
+      absl::StrCat("handle ", Quote(id),
+                   " not found (it does not exist, or it "
+                   "belongs to another client)"));
 }
 
 }  // namespace

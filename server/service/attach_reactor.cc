@@ -19,9 +19,9 @@ constexpr char kMethod[] = "Attach";
 absl::Status ParseAttachRequest(const grpc::ByteBuffer& raw,
                                 v1::AttachRequest* request) {
   if (raw.Length() > kMaxAttachRequestBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "an AttachRequest of ", raw.Length(), " bytes; the limit is ",
-        kMaxAttachRequestBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an AttachRequest of ", raw.Length(),
+                     " bytes; the limit is ", kMaxAttachRequestBytes));
   }
   return ParseMessage(raw, request);
 }
@@ -130,11 +130,10 @@ class AttachReactor final
     MLOG(INFO) << "session " << attachment.session_id << " of "
                << caller_.identity << " detached; grace "
                << absl::FormatDuration(sessions_->grace());
-    workers_->Schedule(caller_.identity,
-                       [sessions = sessions_, attachment, now = absl::Now()] {
-                         sessions->Detach(attachment.session_id,
-                                          attachment.generation, now);
-                       });
+    workers_->Schedule(caller_.identity, [sessions = sessions_, attachment,
+                                          now = absl::Now()] {
+      sessions->Detach(attachment.session_id, attachment.generation, now);
+    });
   }
 
   registry::SessionTable* const sessions_;

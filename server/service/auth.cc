@@ -64,8 +64,7 @@ class TokenProcessor final : public grpc::AuthMetadataProcessor {
                        grpc::AuthContext* /*context*/,
                        OutputMetadata* /*consumed_metadata*/,
                        OutputMetadata* /*response_metadata*/) override {
-    absl::StatusOr<absl::string_view> authorization =
-        AuthorizationOf(metadata);
+    absl::StatusOr<absl::string_view> authorization = AuthorizationOf(metadata);
     absl::Status status = authorization.status();
     if (status.ok()) status = tokens_->ClientOf(*authorization).status();
     if (!status.ok()) {
@@ -237,10 +236,10 @@ std::string Authenticator::Describe() const {
                         "' call metadata without authentication");
   }
   const bool tokens = tokens_ != nullptr;
-  return absl::StrCat("TLS with ",
-                      mtls_ && tokens ? "client certificates and bearer tokens"
-                      : mtls_         ? "client certificates (mTLS)"
-                                      : "bearer tokens");
+  return absl::StrCat("TLS with ", mtls_ && tokens
+                                       ? "client certificates and bearer tokens"
+                                   : mtls_ ? "client certificates (mTLS)"
+                                           : "bearer tokens");
 }
 
 absl::StatusOr<engine::Caller> Authenticator::Authenticate(
@@ -261,8 +260,7 @@ absl::StatusOr<engine::Caller> Authenticator::Authenticate(
   } else if (tokens_ != nullptr) {
     // This call's own token (the processor has already checked that it
     // has one); it wins over a client certificate.
-    absl::StatusOr<absl::string_view> authorization =
-        AuthorizationOf(metadata);
+    absl::StatusOr<absl::string_view> authorization = AuthorizationOf(metadata);
     if (!authorization.ok()) return authorization.status();
     absl::StatusOr<std::string> client = tokens_->ClientOf(*authorization);
     if (!client.ok()) return client.status();

@@ -57,8 +57,8 @@ TEST(ParseTokenFileTest, ParsesTokensAndNamesBadLines) {
 }
 
 TEST(TokenTableTest, NamesTheClientOfEachTokenAndNothingElse) {
-  TokenTable table({{"alice-token-0123456789", "alice"},
-                    {"bob-token-0123456789ab", "bob"}});
+  TokenTable table(
+      {{"alice-token-0123456789", "alice"}, {"bob-token-0123456789ab", "bob"}});
   EXPECT_EQ(*table.ClientOf("Bearer alice-token-0123456789"), "alice");
   EXPECT_EQ(*table.ClientOf("Bearer bob-token-0123456789ab"), "bob");
   // Alternating lookups do not remember anything.
@@ -70,8 +70,7 @@ TEST(TokenTableTest, NamesTheClientOfEachTokenAndNothingElse) {
     absl::StatusOr<std::string> client = table.ClientOf(bad);
     ASSERT_FALSE(client.ok()) << bad;
     EXPECT_EQ(client.status().code(), absl::StatusCode::kUnauthenticated);
-    EXPECT_EQ(client.status().message().find("alice-token"),
-              std::string::npos);
+    EXPECT_EQ(client.status().message().find("alice-token"), std::string::npos);
   }
 }
 

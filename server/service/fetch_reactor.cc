@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "grpcpp/support/slice.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/support/slice.h"
 #include "server/common/happens_before.h"
 #include "server/common/log.h"
 #include "server/service/status.h"
@@ -56,24 +56,22 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       absl::MutexLock lock(&mu_);
       producing_ = true;
     }
-    return workers_->TrySchedule(
-        client_, [this, open = std::move(open),
-                  cancelled = std::move(cancelled)] {
-          if (cancelled()) {
-            HandOver(Step::Failed(absl::CancelledError(
-                "the fetch was cancelled, or its deadline passed, before a "
-                "worker took it")));
-            return;
-          }
-          absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream =
-              open();
-          if (!stream.ok()) {
-            HandOver(Step::Failed(stream.status()));
-            return;
-          }
-          stream_ = std::move(*stream);
-          Produce();
-        });
+    return workers_->TrySchedule(client_, [this, open = std::move(open),
+                                           cancelled = std::move(cancelled)] {
+      if (cancelled()) {
+        HandOver(Step::Failed(absl::CancelledError(
+            "the fetch was cancelled, or its deadline passed, before a "
+            "worker took it")));
+        return;
+      }
+      absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream = open();
+      if (!stream.ok()) {
+        HandOver(Step::Failed(stream.status()));
+        return;
+      }
+      stream_ = std::move(*stream);
+      Produce();
+    });
   }
 
   void Refuse(const absl::Status& status) {

@@ -81,7 +81,8 @@ grpc::ServerUnaryReactor* MaterializerService::Unary(
                cancelled = CancelledBy(context), call = std::move(call),
                caller = std::move(*caller)] {
     reactor->Finish(EndCall(
-        method, RunUnary<Request>(*request, response, caller, cancelled, call)));
+        method,
+        RunUnary<Request>(*request, response, caller, cancelled, call)));
   };
   if (!workers_->TrySchedule(client, std::move(work))) {
     reactor->Finish(EndCall(method, QueueFull(client, *workers_)));
@@ -135,8 +136,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
         RETURN_IF_ERROR(ParseMessage(*raw, &request));
         return engine_->OpenFetch(caller, request, cancelled);
       },
-      cancelled,
-      QueueFull(client, *workers_));
+      cancelled, QueueFull(client, *workers_));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::DescribeFile(

@@ -43,20 +43,20 @@ struct Layers<Base, First, Rest...> {
 }  // namespace internal
 
 // Materializer with every method taking and answering raw bytes.
-using RawMaterializerService = internal::Layers<
-    v1::Materializer::Service,
-    v1::Materializer::WithRawCallbackMethod_Plan,
-    v1::Materializer::WithRawCallbackMethod_Materialize,
-    v1::Materializer::WithRawCallbackMethod_Describe,
-    v1::Materializer::WithRawCallbackMethod_FetchWeights,
-    v1::Materializer::WithRawCallbackMethod_Release,
-    v1::Materializer::WithRawCallbackMethod_ListHandles,
-    v1::Materializer::WithRawCallbackMethod_GetStats,
-    v1::Materializer::WithRawCallbackMethod_DescribeFile,
-    v1::Materializer::WithRawCallbackMethod_Attach,
-    v1::Materializer::WithRawCallbackMethod_Renew,
-    v1::Materializer::WithRawCallbackMethod_ExportHandle,
-    v1::Materializer::WithRawCallbackMethod_CloseExport>::type;
+using RawMaterializerService =
+    internal::Layers<v1::Materializer::Service,
+                     v1::Materializer::WithRawCallbackMethod_Plan,
+                     v1::Materializer::WithRawCallbackMethod_Materialize,
+                     v1::Materializer::WithRawCallbackMethod_Describe,
+                     v1::Materializer::WithRawCallbackMethod_FetchWeights,
+                     v1::Materializer::WithRawCallbackMethod_Release,
+                     v1::Materializer::WithRawCallbackMethod_ListHandles,
+                     v1::Materializer::WithRawCallbackMethod_GetStats,
+                     v1::Materializer::WithRawCallbackMethod_DescribeFile,
+                     v1::Materializer::WithRawCallbackMethod_Attach,
+                     v1::Materializer::WithRawCallbackMethod_Renew,
+                     v1::Materializer::WithRawCallbackMethod_ExportHandle,
+                     v1::Materializer::WithRawCallbackMethod_CloseExport>::type;
 
 // Thread-safe. The engine, worker pool, authenticator and sessions must
 // outlive the gRPC server that serves this service.
@@ -72,8 +72,8 @@ class MaterializerService final : public RawMaterializerService {
 
   Reactor* Plan(grpc::CallbackServerContext* context, const Raw* request,
                 Raw* response) override;
-  Reactor* Materialize(grpc::CallbackServerContext* context,
-                       const Raw* request, Raw* response) override;
+  Reactor* Materialize(grpc::CallbackServerContext* context, const Raw* request,
+                       Raw* response) override;
   Reactor* Describe(grpc::CallbackServerContext* context, const Raw* request,
                     Raw* response) override;
   grpc::ServerWriteReactor<Raw>* FetchWeights(
@@ -82,12 +82,12 @@ class MaterializerService final : public RawMaterializerService {
                         const Raw* request, Raw* response) override;
   Reactor* ExportHandle(grpc::CallbackServerContext* context,
                         const Raw* request, Raw* response) override;
-  Reactor* CloseExport(grpc::CallbackServerContext* context,
-                       const Raw* request, Raw* response) override;
+  Reactor* CloseExport(grpc::CallbackServerContext* context, const Raw* request,
+                       Raw* response) override;
   Reactor* Release(grpc::CallbackServerContext* context, const Raw* request,
                    Raw* response) override;
-  Reactor* ListHandles(grpc::CallbackServerContext* context,
-                       const Raw* request, Raw* response) override;
+  Reactor* ListHandles(grpc::CallbackServerContext* context, const Raw* request,
+                       Raw* response) override;
   Reactor* GetStats(grpc::CallbackServerContext* context, const Raw* request,
                     Raw* response) override;
   grpc::ServerBidiReactor<Raw, Raw>* Attach(

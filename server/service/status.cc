@@ -42,8 +42,8 @@ std::string Bounded(absl::string_view message) {
   constexpr size_t kNote = 64;
   const absl::string_view head =
       HeadWithin(message, (kMaxStatusWireBytes - kNote) * 3 / 4);
-  const absl::string_view tail = TailWithin(
-      message.substr(head.size()), (kMaxStatusWireBytes - kNote) / 4);
+  const absl::string_view tail = TailWithin(message.substr(head.size()),
+                                            (kMaxStatusWireBytes - kNote) / 4);
   return absl::StrCat(head, " [... ",
                       message.size() - head.size() - tail.size(),
                       " bytes of this message cut ...] ", tail);
@@ -57,8 +57,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       Bounded(status.message()));
 }
 
-grpc::Status EndCall(absl::string_view /*method*/,
-                     const absl::Status& status) {
+grpc::Status EndCall(absl::string_view /*method*/, const absl::Status& status) {
   return ToGrpcStatus(status);
 }
 

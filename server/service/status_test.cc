@@ -18,7 +18,8 @@ size_t WireSize(const std::string& message) {
 }
 
 TEST(ToGrpcStatusTest, KeepsCodeAndShortMessages) {
-  grpc::Status s = ToGrpcStatus(absl::NotFoundError("handle \"h-1\" not found"));
+  grpc::Status s =
+      ToGrpcStatus(absl::NotFoundError("handle \"h-1\" not found"));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(s.error_message(), "handle \"h-1\" not found");
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
@@ -32,10 +33,11 @@ TEST(ToGrpcStatusTest, LongMessagesKeepBothEndsWithinTheWireBound) {
   EXPECT_LE(WireSize(s.error_message()), kMaxStatusWireBytes);
   EXPECT_TRUE(absl::StartsWith(s.error_message(), "model.tensors[0] ("));
   EXPECT_TRUE(absl::EndsWith(s.error_message(), "Shorten it"));
-  EXPECT_TRUE(absl::StrContains(s.error_message(), "bytes of this message cut"));
+  EXPECT_TRUE(
+      absl::StrContains(s.error_message(), "bytes of this message cut"));
   // Bytes that are percent-encoded on the wire count three times.
-  grpc::Status binary = ToGrpcStatus(
-      absl::InvalidArgumentError(std::string(100000, '%')));
+  grpc::Status binary =
+      ToGrpcStatus(absl::InvalidArgumentError(std::string(100000, '%')));
   EXPECT_LE(WireSize(binary.error_message()), kMaxStatusWireBytes);
   EXPECT_GT(binary.error_message().size(), 1000u);
 }

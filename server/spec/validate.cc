@@ -76,9 +76,9 @@ absl::Status ResolveTies(
                                     " names no tensor of the model"));
       }
       if (state[it->second] == kOnPath) {
-        return Invalid(i, t.name(),
-                       absl::StrCat("tie_to forms a cycle through ",
-                                    Quote(next_name)));
+        return Invalid(
+            i, t.name(),
+            absl::StrCat("tie_to forms a cycle through ", Quote(next_name)));
       }
       current = it->second;
     }
@@ -143,7 +143,8 @@ absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
   seen.reserve(model.tensors_size());
 
   for (int i = 0; i < model.tensors_size(); ++i) {
-    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
+    if (i % kCancelPollInterval == 0)
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
     const v1::TensorSpec& t = model.tensors(i);
     if (std::string problem = NameProblem(t.name()); !problem.empty()) {
       return Invalid(i, t.name(), problem);
