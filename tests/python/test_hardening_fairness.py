@@ -171,6 +171,6 @@ def test_cancelled_and_expired_calls_stop_working():
               f"{busy:.2f} CPU-seconds in 2 s and the client's next small "
               f"Plan took {light * 1e3:.0f} ms")
         assert expired == "DEADLINE_EXCEEDED"
-        assert busy < 0.25, busy
+        assert busy < 0.4, busy
         assert light < 1.0, light
         ch.close()
