@@ -299,7 +299,7 @@ def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
         os.unlink(log.name)
 
 
-# -- helpers for hostile-client tests -----------------------------------------
+# -- for the hostile-client tests (test_hardening_*) ---------------------------
 
 SERVICE_PATH = "/materializer.v1.Materializer/"
 
