@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/init/glob.h"
 #include "server/init/portable_request.h"
@@ -16,13 +17,13 @@
 namespace materializer::init {
 namespace {
 
-// Keeps the uncovered-tensor message well under gRPC's default 8 KiB
-// metadata limit (the status message travels in a trailer).
-constexpr size_t kMaxListedChars = 4000;
+// Keeps the uncovered-tensor message within what the service sends whole
+// (service/status.h): the status message travels in a trailer.
+constexpr size_t kMaxListedChars = 3000;
 
 std::string RulePath(int index, const v1::InitRule& rule) {
-  return absl::StrCat("model.init_rules[", index, "] (\"", rule.pattern(),
-                      "\")");
+  return absl::StrCat("model.init_rules[", index, "] (", Quote(rule.pattern()),
+                      ")");
 }
 
 std::string TensorPath(int index, const spec::TensorDesc& tensor) {
@@ -43,6 +44,8 @@ struct Context {
   const v1::ModelSpec& model;
   const std::vector<spec::TensorDesc>& tensors;
   v1::RngMode rng;
+  // Each rule's pattern, compiled once for the whole request.
+  std::vector<Glob> globs;
   // One shared scheme per rule (a rule's scheme fills many tensors).
   std::vector<std::shared_ptr<const v1::InitScheme>> rule_schemes;
   // Module types by module name, for the module-default fallback.
@@ -52,13 +55,24 @@ struct Context {
   std::vector<int> won;
 };
 
-// Patterns and parameters of every rule, before any tensor.
-absl::Status CheckRules(const v1::ModelSpec& model) {
+// Patterns and parameters of every rule, before any tensor, and the bound
+// on matching work; compiles each pattern into `globs`.
+absl::Status CheckRules(const v1::ModelSpec& model,
+                        const std::vector<spec::TensorDesc>& tensors,
+                        std::vector<Glob>* globs) {
+  if (model.init_rules_size() > kMaxInitRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.init_rules: ", model.init_rules_size(),
+                     " rules; the limit is ", kMaxInitRules));
+  }
+  globs->reserve(model.init_rules_size());
+  uint64_t words = 0;
   for (int r = 0; r < model.init_rules_size(); ++r) {
     const v1::InitRule& rule = model.init_rules(r);
-    if (absl::Status s = CheckGlob(rule.pattern()); !s.ok()) {
-      return Prefixed(RulePath(r, rule), s);
-    }
+    absl::StatusOr<Glob> glob = Glob::Compile(rule.pattern());
+    if (!glob.ok()) return Prefixed(RulePath(r, rule), glob.status());
+    words += glob->words();
+    globs->push_back(std::move(*glob));
     if (rule.init().has_values()) {
       return absl::InvalidArgumentError(absl::StrCat(
           RulePath(r, rule),
@@ -68,6 +82,21 @@ absl::Status CheckRules(const v1::ModelSpec& model) {
     if (absl::Status s = CheckSchemeParameters(rule.init()); !s.ok()) {
       return Prefixed(absl::StrCat(RulePath(r, rule), ".init"), s);
     }
+  }
+  uint64_t name_bytes = 0;
+  for (const spec::TensorDesc& tensor : tensors) {
+    name_bytes += tensor.name.size();
+  }
+  if (words * name_bytes > kMaxRuleMatchWork) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.init_rules: matching ", model.init_rules_size(),
+        " rules against ", name_bytes, " bytes of tensor names is ",
+        words * name_bytes,
+        " steps (name bytes x rules, a pattern with n >= 64 items other "
+        "than '*' counting ceil((n + 1) / 64) times); the limit is ",
+        kMaxRuleMatchWork,
+        ". Use fewer rules (one pattern can cover many tensors) or "
+        "per-tensor inits"));
   }
   return absl::OkStatus();
 }
@@ -117,7 +146,7 @@ absl::Status ChooseInit(Context& context, int i, ResolvedInit& out,
   }
   for (int r = 0; r < context.model.init_rules_size(); ++r) {
     const v1::InitRule& rule = context.model.init_rules(r);
-    if (!GlobMatch(rule.pattern(), tensor.name)) continue;
+    if (!context.globs[r].Matches(tensor.name)) continue;
     ++context.matched[r];
     if (covered) continue;
     if (absl::Status s = CheckSchemeFits(rule.init(), tensor); !s.ok()) {
@@ -127,7 +156,8 @@ absl::Status ChooseInit(Context& context, int i, ResolvedInit& out,
     }
     ++context.won[r];
     out.steps.push_back({context.rule_schemes[r], std::nullopt});
-    *source = absl::StrCat(" [rule ", r, " \"", rule.pattern(), "\"]");
+    // Every tensor's description holds this: keep it short.
+    *source = absl::StrCat(" [rule ", r, " ", Quote(rule.pattern(), 64), "]");
     covered = true;
   }
   if (!covered) {
@@ -266,11 +296,11 @@ void AddRuleWarnings(const Context& context, Resolution& resolution) {
 }  // namespace
 
 absl::StatusOr<Resolution> ResolveInits(
-    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors) {
+    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors,
+    const Cancelled& cancelled) {
   RETURN_IF_ERROR(CheckInitLimits(model));
-  RETURN_IF_ERROR(CheckRules(model));
-
   Context context(model, tensors, EffectiveRngMode(model.rng()));
+  RETURN_IF_ERROR(CheckRules(model, tensors, &context.globs));
   for (const v1::InitRule& rule : model.init_rules()) {
     context.rule_schemes.push_back(
         std::make_shared<const v1::InitScheme>(rule.init()));
@@ -286,6 +316,7 @@ absl::StatusOr<Resolution> ResolveInits(
   std::vector<std::string> sources(tensors.size());
   std::vector<int> uncovered;
   for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
     RETURN_IF_ERROR(ChooseInit(context, i, resolution.inits[i], &sources[i]));
     if (tensors[i].tie_root < 0 && resolution.inits[i].steps.empty()) {
       uncovered.push_back(i);

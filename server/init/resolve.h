@@ -22,11 +22,20 @@
 
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/common/cancel.h"
 #include "server/init/module_plan.h"
 #include "server/init/steps.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::init {
+
+// Bounds on the matching work a request can ask for (docs/api.md): at most
+// kMaxInitRules rules, patterns of at most init::kMaxPatternBytes, and
+// (bytes of all tensor names) x (the rules' glob words, glob.h) at most
+// kMaxRuleMatchWork: each unit is one step of one match, so the bound is
+// on the time itself (a few seconds of one core).
+inline constexpr int kMaxInitRules = 1024;
+inline constexpr uint64_t kMaxRuleMatchWork = uint64_t{1} << 30;
 
 struct ResolvedInit {
   // What fills the tensor, in order: one step for a plain init, a rule or a
@@ -59,9 +68,12 @@ struct Resolution {
 // limits on steps and values, tensors that nothing covers (all listed, up
 // to a message-size cap), a module_default that cannot be planned, a bad
 // model.modules entry, a scheme without a portable definition in
-// RNG_MODE_PORTABLE.
+// RNG_MODE_PORTABLE, more rules or matching work than the bounds above.
+// CANCELLED once `cancelled` says the caller is gone (polled between
+// tensors).
 absl::StatusOr<Resolution> ResolveInits(
-    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors);
+    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors,
+    const Cancelled& cancelled = {});
 
 }  // namespace materializer::init
 

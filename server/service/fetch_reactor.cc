@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "grpcpp/support/proto_buffer_reader.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/slice.h"
 #include "server/common/happens_before.h"
 #include "server/common/log.h"
@@ -32,32 +32,81 @@ void ReleaseKeepalive(void* user_data) {
 }
 
 // Streams one fetch. Deletes itself when gRPC is done with it.
+//
+// Chunks are produced on the worker pool, one ahead of the write in
+// flight: when a write starts, the next chunk is queued for production, so
+// the hop to a worker overlaps with sending and the stream never waits for
+// it while there is something to send. At most two chunks exist at a time
+// (one being sent, one produced or parked in next_); one producer runs at
+// a time and owns stream_ while it runs.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FetchReactor(std::unique_ptr<delivery::WeightStream> stream)
-      : stream_(std::move(stream)) {
-    ReactionScope reaction(this);
-    WriteNext();
-  }
+  FetchReactor(ThreadPool* workers, std::string client)
+      : workers_(workers), client_(std::move(client)) {}
 
   // A failed open: finish at once with the error.
   explicit FetchReactor(const absl::Status& status) {
     ReactionScope reaction(this);
-    Finish(ToGrpcStatus(status));
+    Finish(EndCall("FetchWeights", status));
+  }
+
+  // Queues the open; false if the client's queue is full (nothing queued).
+  bool Begin(OpenStream open, std::function<bool()> cancelled) {
+    {
+      absl::MutexLock lock(&mu_);
+      producing_ = true;
+    }
+    return workers_->TrySchedule(client_, [this, open = std::move(open),
+                                           cancelled = std::move(cancelled)] {
+      if (cancelled()) {
+        HandOver(Step::Failed(absl::CancelledError(
+            "the fetch was cancelled, or its deadline passed, before a "
+            "worker took it")));
+        return;
+      }
+      absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream = open();
+      if (!stream.ok()) {
+        HandOver(Step::Failed(stream.status()));
+        return;
+      }
+      stream_ = std::move(*stream);
+      Produce();
+    });
+  }
+
+  void Refuse(const absl::Status& status) {
+    ReactionScope reaction(this);
+    Finish(EndCall("FetchWeights", status));
   }
 
   void OnWriteDone(bool ok) override {
     ReactionScope reaction(this);
-    // gRPC holds its own references to what it still sends.
-    buffer_.Clear();
-    if (!ok) {
-      // The client went away or cancelled: stop producing and let go of
-      // the arena and any staging buffers at once.
-      stream_.reset();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
-      return;
+    Step step;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_ = false;
+      // gRPC holds its own references to what it still sends.
+      buffer_.Clear();
+      if (!ok) {
+        // The client went away or cancelled: stop producing and let go of
+        // the arena and any staging buffers at once (a producer still
+        // running does it when it hands over).
+        cancelled_ = true;
+        next_.reset();
+        if (producing_) return;
+        stream_.reset();
+        step = Step::Failed(absl::CancelledError("fetch cancelled"));
+      } else if (next_ != nullptr) {
+        step = std::move(*next_);
+        next_.reset();
+      } else if (producing_) {
+        return;  // the producer starts the write when it is done
+      } else {
+        step = Step::Failed(absl::OkStatus());  // everything was sent
+      }
+      if (step.chunk) in_flight_ = true;
     }
-    WriteNext();
+    Start(std::move(step));
   }
 
   void OnDone() override {
@@ -66,29 +115,102 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  void WriteNext() {
-    if (stream_ == nullptr) {  // the last chunk has been written
-      Finish(grpc::Status::OK);
-      return;
+  // What comes next: a chunk to write (`last` if no chunk follows), or the
+  // end of the call with `status`.
+  struct Step {
+    bool chunk = false;
+    bool last = false;
+    grpc::ByteBuffer buffer;
+    absl::Status status;
+
+    static Step Failed(absl::Status status) {
+      Step step;
+      step.status = std::move(status);
+      return step;
     }
+  };
+
+  // On a worker: the next chunk from stream_, then hand it over.
+  void Produce() {
     delivery::WeightStream::Chunk chunk;
     absl::Status status = stream_->Next(&chunk);
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
       stream_.reset();
-      Finish(ToGrpcStatus(status));
+      HandOver(Step::Failed(status));
       return;
     }
+    Step step;
+    step.chunk = true;
+    step.buffer = EncodeChunk(chunk);
     // The last chunk is a copy: let go of the arena now, not when gRPC gets
     // round to OnDone, so a Release right after the client read everything
     // frees the memory at once.
-    if (stream_->done()) stream_.reset();
-    buffer_ = EncodeChunk(chunk);
+    if (stream_->done()) {
+      stream_.reset();
+      step.last = true;
+    }
+    HandOver(std::move(step));
+  }
+
+  // On a worker, when a produced step is ready: start it if nothing is
+  // being written, else park it for OnWriteDone.
+  void HandOver(Step step) {
+    {
+      absl::MutexLock lock(&mu_);
+      producing_ = false;
+      if (cancelled_) {
+        stream_.reset();
+        step = Step::Failed(absl::CancelledError("fetch cancelled"));
+      } else if (in_flight_) {
+        next_ = std::make_unique<Step>(std::move(step));
+        return;
+      } else if (step.chunk) {
+        in_flight_ = true;
+      }
+    }
+    Start(std::move(step));
+  }
+
+  // Writes a chunk (and queues the production of the one after it) or
+  // finishes. The caller has set in_flight_ for a chunk.
+  void Start(Step step) {
+    if (!step.chunk) {
+      HappensBefore(this);
+      Finish(EndCall("FetchWeights", step.status));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      buffer_ = std::move(step.buffer);
+      if (!step.last) producing_ = true;
+    }
+    if (!step.last) {
+      workers_->Schedule(client_, [this] { Produce(); });
+    }
+    HappensBefore(this);
     StartWrite(&buffer_);
   }
 
+  ThreadPool* const workers_ = nullptr;
+  const std::string client_;
+  // Used by the one producer at a time (open, then Produce); reset under
+  // mu_ when the call is cancelled between producers.
   std::unique_ptr<delivery::WeightStream> stream_;
+
+  // The chunk being written: set by whoever starts a write (having set
+  // in_flight_), read by gRPC until OnWriteDone clears it.
   grpc::ByteBuffer buffer_;
+
+  absl::Mutex mu_;
+  // Guards the flags and next_. in_flight_: a write is outstanding;
+  // producing_: a producer is queued or running; next_: a step produced
+  // while a write was in flight; cancelled_: a write failed (the client is
+  // gone).
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool producing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Step> next_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -139,22 +261,19 @@ grpc::ByteBuffer EncodeChunk(const delivery::WeightStream::Chunk& chunk) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-absl::StatusOr<v1::FetchRequest> ParseFetchRequest(
-    const grpc::ByteBuffer& raw) {
-  grpc::ByteBuffer copy(raw);  // shares the slices
-  grpc::ProtoBufferReader reader(&copy);
-  v1::FetchRequest request;
-  if (!request.ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(
-        "the FetchRequest does not parse as materializer.v1.FetchRequest");
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
+    ThreadPool* workers, std::string client, OpenStream open,
+    std::function<bool()> cancelled, absl::Status queue_full) {
+  auto* reactor = new FetchReactor(workers, std::move(client));
+  if (!reactor->Begin(std::move(open), std::move(cancelled))) {
+    reactor->Refuse(queue_full);
   }
-  return request;
+  return reactor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
-    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream) {
-  if (!stream.ok()) return new FetchReactor(stream.status());
-  return new FetchReactor(std::move(*stream));
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(
+    const absl::Status& status) {
+  return new FetchReactor(status);
 }
 
 }  // namespace materializer::service

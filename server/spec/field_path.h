@@ -9,11 +9,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "server/common/quote.h"
+#include "server/spec/limits.h"
 
 namespace materializer::spec {
 
+// Valid names (at most kMaxNameLength bytes) are shown whole; an invalid,
+// longer one is cut (common/quote.h), so the message stays small.
 inline std::string TensorPath(int index, absl::string_view name) {
-  return absl::StrCat("model.tensors[", index, "] (\"", name, "\")");
+  return absl::StrCat("model.tensors[", index, "] (",
+                      Quote(name, kMaxNameLength), ")");
 }
 
 }  // namespace materializer::spec
