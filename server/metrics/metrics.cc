@@ -509,7 +509,7 @@ std::vector<MetricFamily> Metrics::Impl::CollectState() const {
 }
 
 Metrics::Metrics(StateSources sources)
-    : impl_(std::make_shared<Impl>(sources)) {
+    : impl_(std::make_unique<Impl>(sources)) {
   impl_->InitFixedSeries();
 }
 
@@ -554,10 +554,6 @@ std::string Metrics::TextFormat() const {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, impl_->Collect());
   return out.str();
-}
-
-std::shared_ptr<prometheus::Collectable> Metrics::collectable() const {
-  return impl_;
 }
 
 }  // namespace materializer::metrics

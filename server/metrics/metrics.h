@@ -11,6 +11,7 @@
 //   Metrics metrics({.pool = pool, .registry = registry, .gpu = reporter});
 //   metrics.RecordRpc("Plan", absl::StatusCode::kOk, absl::Milliseconds(3));
 //   std::string text = metrics.TextFormat();   // what /metrics serves
+//   (metrics_server.h serves it over HTTP)
 //
 // docs/operations.md lists every metric with its labels. Recording is cheap
 // (atomic adds; a histogram takes a short lock) and never blocks on a
@@ -23,10 +24,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-
-namespace prometheus {
-class Collectable;
-}  // namespace prometheus
 
 namespace materializer {
 namespace memory {
@@ -94,12 +91,9 @@ class Metrics {
   // Every metric in the Prometheus text format, as a scrape sees it.
   std::string TextFormat() const;
 
-  // For the HTTP endpoint (metrics_server.h).
-  std::shared_ptr<prometheus::Collectable> collectable() const;
-
  private:
   class Impl;
-  std::shared_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace metrics

@@ -15,8 +15,11 @@ namespace {
 class AttachReactor final
     : public grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse> {
  public:
-  AttachReactor(registry::SessionTable* sessions, engine::Caller caller)
-      : sessions_(sessions), caller_(std::move(caller)) {
+  AttachReactor(registry::SessionTable* sessions, engine::Caller caller,
+                CallObserver observer)
+      : sessions_(sessions),
+        caller_(std::move(caller)),
+        observer_(std::move(observer)) {
     ReactionScope reaction(this);
     StartRead(&request_);
   }
@@ -26,7 +29,7 @@ class AttachReactor final
     if (!ok) {
       // The client closed its side (or the stream broke): the lease ends.
       Detach();
-      Finish(grpc::Status::OK);
+      Done(grpc::Status::OK);
       return;
     }
     if (attached_) {  // a heartbeat
@@ -40,9 +43,10 @@ class AttachReactor final
             : sessions_->Resume(caller_.identity, request_.resume_token(),
                                 absl::Now());
     if (!attached.ok()) {
-      Finish(ToGrpcStatus(attached.status()));
+      Done(ToGrpcStatus(attached.status()));
       return;
     }
+    observer_.SetSession(attached->session_id);
     {
       absl::MutexLock lock(&mu_);
       attachment_ = *attached;
@@ -63,7 +67,7 @@ class AttachReactor final
     ReactionScope reaction(this);
     if (!ok) {
       Detach();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "attach broken"));
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "attach broken"));
       return;
     }
     StartRead(&request_);
@@ -83,6 +87,13 @@ class AttachReactor final
   }
 
  private:
+  // Read and write reactions do not overlap (one operation is outstanding
+  // at a time), so observer_ needs no lock.
+  void Done(grpc::Status status) {
+    observer_.Finish(status);
+    Finish(std::move(status));
+  }
+
   void Detach() {
     registry::SessionTable::Attached attachment;
     {
@@ -100,6 +111,7 @@ class AttachReactor final
 
   registry::SessionTable* const sessions_;
   const engine::Caller caller_;
+  CallObserver observer_;
   v1::AttachRequest request_;
   v1::AttachResponse response_;
 
@@ -114,8 +126,9 @@ class AttachReactor final
 class RefusedAttach final
     : public grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse> {
  public:
-  explicit RefusedAttach(grpc::Status status) {
+  RefusedAttach(grpc::Status status, CallObserver observer) {
     ReactionScope reaction(this);
+    observer.Finish(status);
     Finish(std::move(status));
   }
   void OnDone() override {
@@ -127,17 +140,19 @@ class RefusedAttach final
 }  // namespace
 
 grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* StartAttach(
-    registry::SessionTable* sessions, engine::Caller caller) {
+    registry::SessionTable* sessions, engine::Caller caller,
+    CallObserver observer) {
   if (sessions == nullptr) {
     return new RefusedAttach(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                          "this server has no sessions"));
+                                          "this server has no sessions"),
+                             std::move(observer));
   }
-  return new AttachReactor(sessions, std::move(caller));
+  return new AttachReactor(sessions, std::move(caller), std::move(observer));
 }
 
 grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* RefuseAttach(
-    const absl::Status& status) {
-  return new RefusedAttach(ToGrpcStatus(status));
+    const absl::Status& status, CallObserver observer) {
+  return new RefusedAttach(ToGrpcStatus(status), std::move(observer));
 }
 
 }  // namespace materializer::service

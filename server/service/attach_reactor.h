@@ -12,17 +12,19 @@
 #include "materializer/v1/materializer.pb.h"
 #include "server/engine/engine.h"
 #include "server/registry/session.h"
+#include "server/service/call_observer.h"
 
 namespace materializer::service {
 
-// gRPC owns the reactor; it deletes itself when done. `sessions` must
-// outlive the gRPC server.
+// gRPC owns the reactor; it deletes itself when done, after reporting the
+// stream's end to `observer`. `sessions` must outlive the gRPC server.
 grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* StartAttach(
-    registry::SessionTable* sessions, engine::Caller caller);
+    registry::SessionTable* sessions, engine::Caller caller,
+    CallObserver observer);
 
 // A reactor that finishes at once with `status` (e.g. unauthenticated).
 grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* RefuseAttach(
-    const absl::Status& status);
+    const absl::Status& status, CallObserver observer);
 
 }  // namespace materializer::service
 

@@ -34,16 +34,19 @@ void ReleaseKeepalive(void* user_data) {
 // Streams one fetch. Deletes itself when gRPC is done with it.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FetchReactor(std::unique_ptr<delivery::WeightStream> stream)
-      : stream_(std::move(stream)) {
+  FetchReactor(std::unique_ptr<delivery::WeightStream> stream,
+               CallObserver observer)
+      : stream_(std::move(stream)), observer_(std::move(observer)) {
     ReactionScope reaction(this);
+    observer_.FetchOpened(stream_->position(), stream_->total_bytes());
     WriteNext();
   }
 
   // A failed open: finish at once with the error.
-  explicit FetchReactor(const absl::Status& status) {
+  FetchReactor(const absl::Status& status, CallObserver observer)
+      : observer_(std::move(observer)) {
     ReactionScope reaction(this);
-    Finish(ToGrpcStatus(status));
+    Done(ToGrpcStatus(status));
   }
 
   void OnWriteDone(bool ok) override {
@@ -54,9 +57,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       // The client went away or cancelled: stop producing and let go of
       // the arena and any staging buffers at once.
       stream_.reset();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
       return;
     }
+    observer_.FetchChunk(written_.data_bytes, written_.wire_bytes,
+                         written_.digest);
     WriteNext();
   }
 
@@ -66,9 +71,14 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
+  void Done(grpc::Status status) {
+    observer_.Finish(status);
+    Finish(std::move(status));
+  }
+
   void WriteNext() {
     if (stream_ == nullptr) {  // the last chunk has been written
-      Finish(grpc::Status::OK);
+      Done(grpc::Status::OK);
       return;
     }
     delivery::WeightStream::Chunk chunk;
@@ -76,7 +86,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
       stream_.reset();
-      Finish(ToGrpcStatus(status));
+      Done(ToGrpcStatus(status));
       return;
     }
     // The last chunk is a copy: let go of the arena now, not when gRPC gets
@@ -84,11 +94,19 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // frees the memory at once.
     if (stream_->done()) stream_.reset();
     buffer_ = EncodeChunk(chunk);
+    written_ = {chunk.length(), buffer_.Length(), !chunk.digest.empty()};
     StartWrite(&buffer_);
   }
 
   std::unique_ptr<delivery::WeightStream> stream_;
   grpc::ByteBuffer buffer_;
+  CallObserver observer_;
+  // The chunk being written, counted once its write completes.
+  struct Written {
+    uint64_t data_bytes = 0;
+    uint64_t wire_bytes = 0;
+    bool digest = false;
+  } written_;
 };
 
 }  // namespace
@@ -152,9 +170,12 @@ absl::StatusOr<v1::FetchRequest> ParseFetchRequest(
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
-    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream) {
-  if (!stream.ok()) return new FetchReactor(stream.status());
-  return new FetchReactor(std::move(*stream));
+    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream,
+    CallObserver observer) {
+  if (!stream.ok()) {
+    return new FetchReactor(stream.status(), std::move(observer));
+  }
+  return new FetchReactor(std::move(*stream), std::move(observer));
 }
 
 }  // namespace materializer::service

@@ -16,13 +16,16 @@
 #include "grpcpp/support/server_callback.h"
 #include "materializer/v1/materializer.pb.h"
 #include "server/delivery/weight_stream.h"
+#include "server/service/call_observer.h"
 
 namespace materializer::service {
 
-// A reactor that streams `stream`, or finishes at once with its error. gRPC
-// owns it; it deletes itself when done.
+// A reactor that streams `stream`, or finishes at once with its error,
+// reporting the stream and its end to `observer`. gRPC owns it; it deletes
+// itself when done.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
-    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream);
+    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream,
+    CallObserver observer);
 
 // The request of a raw FetchWeights call; INVALID_ARGUMENT if it does not
 // parse.

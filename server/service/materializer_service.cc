@@ -5,6 +5,7 @@
 
 #include "server/common/log.h"
 #include "server/service/attach_reactor.h"
+#include "server/service/call_observer.h"
 #include "server/service/fetch_reactor.h"
 #include "server/service/status.h"
 
@@ -13,28 +14,42 @@ namespace materializer::service {
 MaterializerService::MaterializerService(engine::Engine* engine,
                                          ThreadPool* workers,
                                          const Authenticator* authenticator,
-                                         registry::SessionTable* sessions)
+                                         registry::SessionTable* sessions,
+                                         metrics::Metrics* metrics)
     : engine_(engine),
       workers_(workers),
       authenticator_(authenticator),
-      sessions_(sessions) {}
+      sessions_(sessions),
+      metrics_(metrics) {}
 
 template <typename Response, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
-    grpc::CallbackServerContext* context, Response* response, bool offload,
-    Call call) {
+    grpc::CallbackServerContext* context, const char* method,
+    const google::protobuf::Message& request, Response* response,
+    bool offload, Call call) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CallObserver observer(metrics_, *context, method);
+  observer.SetRequest(request);
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
+    const grpc::Status status = ToGrpcStatus(caller.status());
+    observer.Finish(status);
+    reactor->Finish(status);
     return reactor;
   }
+  observer.SetCaller(*caller);
   auto run = [reactor, response, call = std::move(call),
-              caller = std::move(*caller)]() mutable {
+              caller = std::move(*caller),
+              observer = std::move(observer)]() mutable {
     absl::StatusOr<Response> result = call(caller);
-    if (result.ok()) *response = std::move(*result);
-    reactor->Finish(ToGrpcStatus(result.status()));
+    if (result.ok()) {
+      *response = std::move(*result);
+      observer.SetResponse(*response);
+    }
+    const grpc::Status status = ToGrpcStatus(result.status());
+    observer.Finish(status);
+    reactor->Finish(status);
   };
   if (offload) {
     workers_->Schedule(std::move(run));
@@ -47,7 +62,7 @@ grpc::ServerUnaryReactor* MaterializerService::Unary(
 grpc::ServerUnaryReactor* MaterializerService::Plan(
     grpc::CallbackServerContext* context, const v1::PlanRequest* request,
     v1::PlanResponse* response) {
-  return Unary(context, response, /*offload=*/true,
+  return Unary(context, "Plan", *request, response, /*offload=*/true,
                [this, request](const engine::Caller& caller) {
                  return engine_->Plan(caller, *request);
                });
@@ -57,7 +72,7 @@ grpc::ServerUnaryReactor* MaterializerService::Materialize(
     grpc::CallbackServerContext* context,
     const v1::MaterializeRequest* request,
     v1::MaterializeResponse* response) {
-  return Unary(context, response, /*offload=*/true,
+  return Unary(context, "Materialize", *request, response, /*offload=*/true,
                [this, request, context](const engine::Caller& caller) {
                  // Stop initializing, and roll back, once the caller is gone.
                  return engine_->Materialize(
@@ -68,7 +83,7 @@ grpc::ServerUnaryReactor* MaterializerService::Materialize(
 grpc::ServerUnaryReactor* MaterializerService::Describe(
     grpc::CallbackServerContext* context, const v1::DescribeRequest* request,
     v1::HandleInfo* response) {
-  return Unary(context, response, /*offload=*/true,
+  return Unary(context, "Describe", *request, response, /*offload=*/true,
                [this, request](const engine::Caller& caller) {
                  return engine_->Describe(caller, *request);
                });
@@ -76,19 +91,23 @@ grpc::ServerUnaryReactor* MaterializerService::Describe(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  CallObserver observer(metrics_, *context, "FetchWeights");
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
-  if (!caller.ok()) return StartFetch(caller.status());
+  if (!caller.ok()) return StartFetch(caller.status(), std::move(observer));
+  observer.SetCaller(*caller);
   absl::StatusOr<v1::FetchRequest> request = ParseFetchRequest(*raw);
-  if (!request.ok()) return StartFetch(request.status());
-  return StartFetch(engine_->OpenFetch(*caller, *request));
+  if (!request.ok()) return StartFetch(request.status(), std::move(observer));
+  observer.SetRequest(*request);
+  return StartFetch(engine_->OpenFetch(*caller, *request),
+                    std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
     grpc::CallbackServerContext* context, const v1::FetchRequest* request,
     v1::FileLayout* response) {
   // The first DescribeFile of a file hashes all of it.
-  return Unary(context, response, /*offload=*/true,
+  return Unary(context, "DescribeFile", *request, response, /*offload=*/true,
                [this, request](const engine::Caller& caller) {
                  return engine_->DescribeFile(caller, *request);
                });
@@ -97,7 +116,8 @@ grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
 grpc::ServerUnaryReactor* MaterializerService::ExportHandle(
     grpc::CallbackServerContext* context, const v1::ExportRequest* request,
     v1::ExportResponse* response) {
-  return Unary(context, response, /*offload=*/false,
+  return Unary(context, "ExportHandle", *request, response,
+               /*offload=*/false,
                [this, request](const engine::Caller& caller) {
                  return engine_->ExportHandle(caller, *request);
                });
@@ -108,7 +128,7 @@ grpc::ServerUnaryReactor* MaterializerService::CloseExport(
     const v1::CloseExportRequest* request,
     v1::CloseExportResponse* response) {
   // Closing the last CUDA export of a released handle frees its memory.
-  return Unary(context, response, /*offload=*/true,
+  return Unary(context, "CloseExport", *request, response, /*offload=*/true,
                [this, request](const engine::Caller& caller) {
                  return engine_->CloseExport(caller, *request);
                });
@@ -118,7 +138,7 @@ grpc::ServerUnaryReactor* MaterializerService::Release(
     grpc::CallbackServerContext* context, const v1::ReleaseRequest* request,
     v1::ReleaseResponse* response) {
   // Unmapping a large arena takes a while; keep it off the callback thread.
-  return Unary(context, response, /*offload=*/true,
+  return Unary(context, "Release", *request, response, /*offload=*/true,
                [this, request](const engine::Caller& caller) {
                  return engine_->Release(caller, *request);
                });
@@ -126,9 +146,9 @@ grpc::ServerUnaryReactor* MaterializerService::Release(
 
 grpc::ServerUnaryReactor* MaterializerService::ListHandles(
     grpc::CallbackServerContext* context,
-    const v1::ListHandlesRequest* /*request*/,
+    const v1::ListHandlesRequest* request,
     v1::ListHandlesResponse* response) {
-  return Unary(context, response, /*offload=*/false,
+  return Unary(context, "ListHandles", *request, response, /*offload=*/false,
                [this](const engine::Caller& caller)
                    -> absl::StatusOr<v1::ListHandlesResponse> {
                  return engine_->ListHandles(caller);
@@ -137,8 +157,8 @@ grpc::ServerUnaryReactor* MaterializerService::ListHandles(
 
 grpc::ServerUnaryReactor* MaterializerService::GetStats(
     grpc::CallbackServerContext* context,
-    const v1::GetStatsRequest* /*request*/, v1::GetStatsResponse* response) {
-  return Unary(context, response, /*offload=*/false,
+    const v1::GetStatsRequest* request, v1::GetStatsResponse* response) {
+  return Unary(context, "GetStats", *request, response, /*offload=*/false,
                [this](const engine::Caller& caller)
                    -> absl::StatusOr<v1::GetStatsResponse> {
                  return engine_->GetStats(caller);
@@ -147,16 +167,18 @@ grpc::ServerUnaryReactor* MaterializerService::GetStats(
 
 grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>*
 MaterializerService::Attach(grpc::CallbackServerContext* context) {
+  CallObserver observer(metrics_, *context, "Attach");
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
-  if (!caller.ok()) return RefuseAttach(caller.status());
-  return StartAttach(sessions_, std::move(*caller));
+  if (!caller.ok()) return RefuseAttach(caller.status(), std::move(observer));
+  observer.SetCaller(*caller);
+  return StartAttach(sessions_, std::move(*caller), std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Renew(
     grpc::CallbackServerContext* context, const v1::RenewRequest* request,
     v1::RenewResponse* response) {
-  return Unary(context, response, /*offload=*/false,
+  return Unary(context, "Renew", *request, response, /*offload=*/false,
                [this, request](const engine::Caller& caller) {
                  return engine_->Renew(caller, *request);
                });

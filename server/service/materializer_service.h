@@ -9,6 +9,7 @@
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
+#include "server/metrics/metrics.h"
 #include "server/registry/session.h"
 #include "server/service/auth.h"
 
@@ -24,10 +25,11 @@ class MaterializerService final
           v1::Materializer::CallbackService> {
  public:
   // All must outlive the gRPC server that serves this service; `sessions`
-  // may be null (no sessions).
+  // may be null (no sessions), and `metrics` (where calls are counted).
   MaterializerService(engine::Engine* engine, ThreadPool* workers,
                       const Authenticator* authenticator,
-                      registry::SessionTable* sessions);
+                      registry::SessionTable* sessions,
+                      metrics::Metrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
                                  const v1::PlanRequest* request,
@@ -70,9 +72,12 @@ class MaterializerService final
 
  private:
   // Authenticates, then runs `call(caller)` -> StatusOr<Response> inline or
-  // on the worker pool, stores the value in *response and finishes.
+  // on the worker pool, stores the value in *response and finishes; the
+  // call is logged and counted as `method` (call_observer.h).
   template <typename Response, typename Call>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                  const char* method,
+                                  const google::protobuf::Message& request,
                                   Response* response, bool offload,
                                   Call call);
 
@@ -80,6 +85,7 @@ class MaterializerService final
   ThreadPool* const workers_;
   const Authenticator* const authenticator_;
   registry::SessionTable* const sessions_;
+  metrics::Metrics* const metrics_;
 };
 
 }  // namespace materializer::service
