@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/descriptor.h"
 #include "server/common/log.h"
+#include "server/service/status.h"
 
 namespace materializer::service {
 namespace {
@@ -38,12 +39,12 @@ void CallObserver::SetCaller(const engine::Caller& caller) {
 }
 
 void CallObserver::SetRequest(const google::protobuf::Message& request) {
-  request_bytes_ = request.ByteSizeLong();
   handle_ = HandleOf(request);
 }
 
-void CallObserver::SetResponse(const google::protobuf::Message& response) {
-  response_bytes_ = response.ByteSizeLong();
+void CallObserver::SetResponse(const google::protobuf::Message& response,
+                               uint64_t bytes) {
+  response_bytes_ = bytes;
   if (handle_.empty()) handle_ = HandleOf(response);
 }
 
@@ -68,9 +69,8 @@ void CallObserver::FetchChunk(uint64_t data_bytes, uint64_t wire_bytes,
   if (metrics_ != nullptr) metrics_->AddFetchBytes(data_bytes);
 }
 
-void CallObserver::Finish(const grpc::Status& status) {
-  if (finished_) return;
-  finished_ = true;
+grpc::Status CallObserver::End(const absl::Status& result) {
+  const grpc::Status status = EndCall(method_, result);
   const absl::Duration duration = absl::Now() - start_;
   const auto code = static_cast<absl::StatusCode>(status.error_code());
   const std::string code_name = absl::StatusCodeToString(code);
@@ -102,6 +102,7 @@ void CallObserver::Finish(const grpc::Status& status) {
       .Str("error", status.ok() ? std::string()
                                 : status.error_message().substr(
                                       0, kMaxErrorBytes));
+  return status;
 }
 
 }  // namespace materializer::service

@@ -7,11 +7,12 @@
 // metrics:
 //
 //   CallObserver call(metrics, *context, "Describe");
+//   call.SetRequestBytes(raw->Length());
 //   call.SetCaller(caller);
-//   call.SetRequest(*request);       // size, and the handle it names
+//   call.SetRequest(request);        // the handle it names
 //   ...
-//   call.SetResponse(*response);     // size (and a handle it creates)
-//   call.Finish(status);
+//   call.SetResponse(response, raw_response->Length());
+//   reactor->Finish(call.End(status));
 //
 //   rpc peer=ipv4:127.0.0.1:50412 client=alice method=Describe
 //     handle=h-... code=OK duration_ms=0.412 request_bytes=36
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/server_context.h"
@@ -54,11 +56,13 @@ class CallObserver {
                const grpc::CallbackServerContext& context, const char* method);
 
   void SetCaller(const engine::Caller& caller);
-  // The request's size and the handle it names (a string field "handle").
+  // The request's size on the wire, and the handle it names (its string
+  // field "handle", if it has one).
+  void SetRequestBytes(uint64_t bytes) { request_bytes_ = bytes; }
   void SetRequest(const google::protobuf::Message& request);
-  // The response's size, and its "handle" if the request named none (a
-  // handle Materialize created).
-  void SetResponse(const google::protobuf::Message& response);
+  // The response, `bytes` on the wire, and its "handle" if the request
+  // named none (a handle Materialize created).
+  void SetResponse(const google::protobuf::Message& response, uint64_t bytes);
   void SetSession(const std::string& session) { session_ = session; }
 
   // FetchWeights: the stream opened at `offset` of a `total_bytes` file
@@ -67,8 +71,9 @@ class CallObserver {
   void FetchOpened(uint64_t offset, uint64_t total_bytes);
   void FetchChunk(uint64_t data_bytes, uint64_t wire_bytes, bool has_digest);
 
-  // Logs and counts the call; later calls do nothing.
-  void Finish(const grpc::Status& status);
+  // Logs and counts the call, and returns its status for Finish
+  // (service/status.h EndCall). Call it once.
+  grpc::Status End(const absl::Status& status);
 
  private:
   metrics::Metrics* metrics_;
@@ -80,7 +85,6 @@ class CallObserver {
   absl::Time start_;
   uint64_t request_bytes_ = 0;
   uint64_t response_bytes_ = 0;
-  bool finished_ = false;
 
   // FetchWeights only.
   bool fetching_ = false;

@@ -4,7 +4,6 @@
 #include <utility>
 #include <vector>
 
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
 #include "server/common/happens_before.h"
 #include "server/common/log.h"
@@ -32,21 +31,56 @@ void ReleaseKeepalive(void* user_data) {
 }
 
 // Streams one fetch. Deletes itself when gRPC is done with it.
+//
+// Each step (open, produce a chunk) is a closure on the worker pool that
+// ends by starting a write or finishing; the next step is queued when that
+// write completes. So exactly one thing touches the reactor's state at a
+// time: a worker step, or the callback after it. A worker step marks the
+// reactor (HappensBefore) right before handing it to gRPC, since gRPC's
+// ordering of the write and its completion is invisible to TSan.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(std::unique_ptr<delivery::WeightStream> stream,
+  FetchReactor(ThreadPool* workers, std::string client,
                CallObserver observer)
-      : stream_(std::move(stream)), observer_(std::move(observer)) {
-    ReactionScope reaction(this);
-    observer_.FetchOpened(stream_->position(), stream_->total_bytes());
-    WriteNext();
-  }
+      : workers_(workers),
+        client_(std::move(client)),
+        observer_(std::move(observer)) {}
 
   // A failed open: finish at once with the error.
   FetchReactor(const absl::Status& status, CallObserver observer)
       : observer_(std::move(observer)) {
     ReactionScope reaction(this);
-    Done(ToGrpcStatus(status));
+    Finish(observer_.End(status));
+  }
+
+  // Queues the open; false if the client's queue is full (nothing queued).
+  bool Begin(OpenStream open, std::function<bool()> cancelled) {
+    HappensBefore(this);
+    return workers_->TrySchedule(
+        client_, [this, open = std::move(open),
+                  cancelled = std::move(cancelled)] {
+          HappensAfter(this);
+          if (cancelled()) {
+            End(absl::CancelledError(
+                "the fetch was cancelled, or its deadline passed, before a "
+                "worker took it"));
+            return;
+          }
+          absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream =
+              open(&observer_);
+          if (!stream.ok()) {
+            End(stream.status());
+            return;
+          }
+          stream_ = std::move(*stream);
+          observer_.FetchOpened(stream_->position(), stream_->total_bytes());
+          WriteNext();
+        });
+  }
+
+  void Refuse(const absl::Status& status) {
+    ReactionScope reaction(this);
+    Finish(observer_.End(status));
   }
 
   void OnWriteDone(bool ok) override {
@@ -57,12 +91,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       // The client went away or cancelled: stop producing and let go of
       // the arena and any staging buffers at once.
       stream_.reset();
-      Done(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
+      Finish(observer_.End(absl::CancelledError("fetch cancelled")));
       return;
     }
     observer_.FetchChunk(written_.data_bytes, written_.wire_bytes,
                          written_.digest);
-    WriteNext();
+    workers_->Schedule(client_, [this] {
+      HappensAfter(this);
+      WriteNext();
+    });
   }
 
   void OnDone() override {
@@ -71,14 +108,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
-  void Done(grpc::Status status) {
-    observer_.Finish(status);
-    Finish(std::move(status));
-  }
-
+  // On a worker. The last thing it does is hand the reactor to gRPC.
   void WriteNext() {
     if (stream_ == nullptr) {  // the last chunk has been written
-      Done(grpc::Status::OK);
+      End(absl::OkStatus());
       return;
     }
     delivery::WeightStream::Chunk chunk;
@@ -86,7 +119,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
       stream_.reset();
-      Done(ToGrpcStatus(status));
+      End(status);
       return;
     }
     // The last chunk is a copy: let go of the arena now, not when gRPC gets
@@ -95,11 +128,21 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (stream_->done()) stream_.reset();
     buffer_ = EncodeChunk(chunk);
     written_ = {chunk.length(), buffer_.Length(), !chunk.digest.empty()};
+    HappensBefore(this);
     StartWrite(&buffer_);
   }
 
+  void End(const absl::Status& status) {
+    grpc::Status ended = observer_.End(status);
+    HappensBefore(this);
+    Finish(std::move(ended));
+  }
+
+  ThreadPool* const workers_ = nullptr;
+  const std::string client_;
   std::unique_ptr<delivery::WeightStream> stream_;
   grpc::ByteBuffer buffer_;
+  // Touched by one step at a time, like the stream (see above).
   CallObserver observer_;
   // The chunk being written, counted once its write completes.
   struct Written {
@@ -157,25 +200,21 @@ grpc::ByteBuffer EncodeChunk(const delivery::WeightStream::Chunk& chunk) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-absl::StatusOr<v1::FetchRequest> ParseFetchRequest(
-    const grpc::ByteBuffer& raw) {
-  grpc::ByteBuffer copy(raw);  // shares the slices
-  grpc::ProtoBufferReader reader(&copy);
-  v1::FetchRequest request;
-  if (!request.ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(
-        "the FetchRequest does not parse as materializer.v1.FetchRequest");
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
+    ThreadPool* workers, std::string client, OpenStream open,
+    std::function<bool()> cancelled, absl::Status queue_full,
+    CallObserver observer) {
+  auto* reactor =
+      new FetchReactor(workers, std::move(client), std::move(observer));
+  if (!reactor->Begin(std::move(open), std::move(cancelled))) {
+    reactor->Refuse(queue_full);
   }
-  return request;
+  return reactor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
-    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream,
-    CallObserver observer) {
-  if (!stream.ok()) {
-    return new FetchReactor(stream.status(), std::move(observer));
-  }
-  return new FetchReactor(std::move(*stream), std::move(observer));
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(
+    const absl::Status& status, CallObserver observer) {
+  return new FetchReactor(status, std::move(observer));
 }
 
 }  // namespace materializer::service

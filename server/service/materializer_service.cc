@@ -1,15 +1,63 @@
 #include "server/service/materializer_service.h"
 
-#include <memory>
+#include <chrono>
+#include <functional>
+#include <string>
 #include <utility>
 
-#include "server/common/log.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/service/attach_reactor.h"
 #include "server/service/call_observer.h"
 #include "server/service/fetch_reactor.h"
+#include "server/service/raw_message.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
+namespace {
+
+using Cancelled = std::function<bool()>;
+
+// True once the caller is gone: it cancelled, the connection broke, or the
+// call's deadline passed.
+Cancelled CancelledBy(grpc::CallbackServerContext* context) {
+  return [context] {
+    return context->IsCancelled() ||
+           std::chrono::system_clock::now() > context->deadline();
+  };
+}
+
+absl::Status QueueFull(const std::string& client, const ThreadPool& workers) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "client ", client, " already has ", workers.max_queued_per_key(),
+      " calls waiting for a worker, the most one client may queue; retry "
+      "when some of them have finished"));
+}
+
+// Parses the request, runs `call` unless the caller has gone already, and
+// serializes its answer, telling `observer` what the call was about.
+template <typename Request, typename Call>
+absl::Status RunUnary(const grpc::ByteBuffer& raw_request,
+                      grpc::ByteBuffer* raw_response,
+                      const engine::Caller& caller, const Cancelled& cancelled,
+                      CallObserver* observer, const Call& call) {
+  if (cancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled, or its deadline passed, before a worker "
+        "took it; nothing was done");
+  }
+  Request request;
+  RETURN_IF_ERROR(ParseMessage(raw_request, &request));
+  observer->SetRequest(request);
+  auto result = call(caller, request, cancelled);
+  if (!result.ok()) return result.status();
+  RETURN_IF_ERROR(SerializeMessage(*result, raw_response));
+  observer->SetResponse(*result, raw_response->Length());
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 MaterializerService::MaterializerService(engine::Engine* engine,
                                          ThreadPool* workers,
@@ -22,166 +70,163 @@ MaterializerService::MaterializerService(engine::Engine* engine,
       sessions_(sessions),
       metrics_(metrics) {}
 
-template <typename Response, typename Call>
+template <typename Request, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
-    grpc::CallbackServerContext* context, const char* method,
-    const google::protobuf::Message& request, Response* response,
-    bool offload, Call call) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const char* method, grpc::CallbackServerContext* context,
+    const Raw* request, Raw* response, Call call) {
+  Reactor* reactor = context->DefaultReactor();
   CallObserver observer(metrics_, *context, method);
-  observer.SetRequest(request);
+  observer.SetRequestBytes(request->Length());
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) {
-    const grpc::Status status = ToGrpcStatus(caller.status());
-    observer.Finish(status);
-    reactor->Finish(status);
+    reactor->Finish(observer.End(caller.status()));
     return reactor;
   }
   observer.SetCaller(*caller);
-  auto run = [reactor, response, call = std::move(call),
-              caller = std::move(*caller),
-              observer = std::move(observer)]() mutable {
-    absl::StatusOr<Response> result = call(caller);
-    if (result.ok()) {
-      *response = std::move(*result);
-      observer.SetResponse(*response);
-    }
-    const grpc::Status status = ToGrpcStatus(result.status());
-    observer.Finish(status);
-    reactor->Finish(status);
+  const std::string client = caller->identity;
+  // gRPC keeps `request`, `response` and `context` until Finish. The work
+  // has its own copy of the observer; ours reports a full queue.
+  auto work = [reactor, request, response, observer,
+               cancelled = CancelledBy(context), call = std::move(call),
+               caller = std::move(*caller)]() mutable {
+    reactor->Finish(observer.End(RunUnary<Request>(
+        *request, response, caller, cancelled, &observer, call)));
   };
-  if (offload) {
-    workers_->Schedule(std::move(run));
-  } else {
-    run();
+  if (!workers_->TrySchedule(client, std::move(work))) {
+    reactor->Finish(observer.End(QueueFull(client, *workers_)));
   }
   return reactor;
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Plan(
-    grpc::CallbackServerContext* context, const v1::PlanRequest* request,
-    v1::PlanResponse* response) {
-  return Unary(context, "Plan", *request, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Plan(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::PlanRequest>(
+      "Plan", context, request, response,
+      [this](const engine::Caller& caller, const v1::PlanRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->Plan(caller, r, cancelled);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Materialize(
-    grpc::CallbackServerContext* context,
-    const v1::MaterializeRequest* request,
-    v1::MaterializeResponse* response) {
-  return Unary(context, "Materialize", *request, response, /*offload=*/true,
-               [this, request, context](const engine::Caller& caller) {
-                 // Stop initializing, and roll back, once the caller is gone.
-                 return engine_->Materialize(
-                     caller, *request, [context] { return context->IsCancelled(); });
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::MaterializeRequest>(
+      "Materialize", context, request, response,
+      [this](const engine::Caller& caller, const v1::MaterializeRequest& r,
+             const Cancelled& cancelled) {
+        // Stops, and rolls back, once the caller is gone.
+        return engine_->Materialize(caller, r, cancelled);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Describe(
-    grpc::CallbackServerContext* context, const v1::DescribeRequest* request,
-    v1::HandleInfo* response) {
-  return Unary(context, "Describe", *request, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Describe(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::DescribeRequest>(
+      "Describe", context, request, response,
+      [this](const engine::Caller& caller, const v1::DescribeRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->Describe(caller, r, cancelled);
+      });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+    grpc::CallbackServerContext* context, const Raw* raw) {
   CallObserver observer(metrics_, *context, "FetchWeights");
+  observer.SetRequestBytes(raw->Length());
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
-  if (!caller.ok()) return StartFetch(caller.status(), std::move(observer));
+  if (!caller.ok()) return RefuseFetch(caller.status(), std::move(observer));
   observer.SetCaller(*caller);
-  absl::StatusOr<v1::FetchRequest> request = ParseFetchRequest(*raw);
-  if (!request.ok()) return StartFetch(request.status(), std::move(observer));
-  observer.SetRequest(*request);
-  return StartFetch(engine_->OpenFetch(*caller, *request),
-                    std::move(observer));
+  const std::string client = caller->identity;
+  Cancelled cancelled = CancelledBy(context);
+  return StartFetch(
+      workers_, client,
+      [this, raw, cancelled, caller = std::move(*caller)](
+          CallObserver* observer)
+          -> absl::StatusOr<std::unique_ptr<delivery::WeightStream>> {
+        v1::FetchRequest request;
+        RETURN_IF_ERROR(ParseMessage(*raw, &request));
+        observer->SetRequest(request);
+        return engine_->OpenFetch(caller, request, cancelled);
+      },
+      cancelled,
+      QueueFull(client, *workers_), std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
-    grpc::CallbackServerContext* context, const v1::FetchRequest* request,
-    v1::FileLayout* response) {
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
   // The first DescribeFile of a file hashes all of it.
-  return Unary(context, "DescribeFile", *request, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->DescribeFile(caller, *request);
-               });
+  return Unary<v1::FetchRequest>(
+      "DescribeFile", context, request, response,
+      [this](const engine::Caller& caller, const v1::FetchRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->DescribeFile(caller, r, cancelled);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::ExportHandle(
-    grpc::CallbackServerContext* context, const v1::ExportRequest* request,
-    v1::ExportResponse* response) {
-  return Unary(context, "ExportHandle", *request, response,
-               /*offload=*/false,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->ExportHandle(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::ExportRequest>(
+      "ExportHandle", context, request, response,
+      [this](const engine::Caller& caller, const v1::ExportRequest& r,
+             const Cancelled&) { return engine_->ExportHandle(caller, r); });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::CloseExport(
-    grpc::CallbackServerContext* context,
-    const v1::CloseExportRequest* request,
-    v1::CloseExportResponse* response) {
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
   // Closing the last CUDA export of a released handle frees its memory.
-  return Unary(context, "CloseExport", *request, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->CloseExport(caller, *request);
-               });
+  return Unary<v1::CloseExportRequest>(
+      "CloseExport", context, request, response,
+      [this](const engine::Caller& caller, const v1::CloseExportRequest& r,
+             const Cancelled&) { return engine_->CloseExport(caller, r); });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Release(
-    grpc::CallbackServerContext* context, const v1::ReleaseRequest* request,
-    v1::ReleaseResponse* response) {
-  // Unmapping a large arena takes a while; keep it off the callback thread.
-  return Unary(context, "Release", *request, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Release(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::ReleaseRequest>(
+      "Release", context, request, response,
+      [this](const engine::Caller& caller, const v1::ReleaseRequest& r,
+             const Cancelled&) { return engine_->Release(caller, r); });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::ListHandles(
-    grpc::CallbackServerContext* context,
-    const v1::ListHandlesRequest* request,
-    v1::ListHandlesResponse* response) {
-  return Unary(context, "ListHandles", *request, response, /*offload=*/false,
-               [this](const engine::Caller& caller)
-                   -> absl::StatusOr<v1::ListHandlesResponse> {
-                 return engine_->ListHandles(caller);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::ListHandlesRequest>(
+      "ListHandles", context, request, response,
+      [this](const engine::Caller& caller, const v1::ListHandlesRequest&,
+             const Cancelled&) -> absl::StatusOr<v1::ListHandlesResponse> {
+        return engine_->ListHandles(caller);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::GetStats(
-    grpc::CallbackServerContext* context,
-    const v1::GetStatsRequest* request, v1::GetStatsResponse* response) {
-  return Unary(context, "GetStats", *request, response, /*offload=*/false,
-               [this](const engine::Caller& caller)
-                   -> absl::StatusOr<v1::GetStatsResponse> {
-                 return engine_->GetStats(caller);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::GetStatsRequest>(
+      "GetStats", context, request, response,
+      [this](const engine::Caller& caller, const v1::GetStatsRequest&,
+             const Cancelled&) -> absl::StatusOr<v1::GetStatsResponse> {
+        return engine_->GetStats(caller);
+      });
 }
 
-grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 MaterializerService::Attach(grpc::CallbackServerContext* context) {
   CallObserver observer(metrics_, *context, "Attach");
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) return RefuseAttach(caller.status(), std::move(observer));
   observer.SetCaller(*caller);
-  return StartAttach(sessions_, std::move(*caller), std::move(observer));
+  return StartAttach(sessions_, workers_, std::move(*caller),
+                     std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Renew(
-    grpc::CallbackServerContext* context, const v1::RenewRequest* request,
-    v1::RenewResponse* response) {
-  return Unary(context, "Renew", *request, response, /*offload=*/false,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Renew(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::RenewRequest>(
+      "Renew", context, request, response,
+      [this](const engine::Caller& caller, const v1::RenewRequest& r,
+             const Cancelled&) { return engine_->Renew(caller, r); });
 }
 
 }  // namespace materializer::service
