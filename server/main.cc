@@ -50,6 +50,20 @@ ABSL_FLAG(int, client_queue, 256,
           "most calls of one client waiting for a worker; more are refused "
           "with RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (one human-readable line per event) or json (one JSON object "
+          "per line: time, level, source, and msg or event fields)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve Prometheus metrics on (GET /metrics); port 0 "
+          "picks one (logged); empty = no metrics endpoint");
+ABSL_FLAG(int, metrics_client_labels, 20,
+          "per-client metrics name this many clients (those holding the most "
+          "bytes); the rest are summed under client=\"(other)\"");
+ABSL_FLAG(std::string, gpu_free_headroom, "256MiB",
+          "CUDA admission: bytes of the driver's free memory left alone");
+ABSL_FLAG(std::string, fake_gpu_driver, "",
+          "testing only: a JSON file of GPU driver figures standing in for "
+          "NVML, keyed by pool device name (see docs/operations.md)");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "serve the development mode (client identity from unauthenticated "
           "metadata) on a non-loopback address (trusted networks only)");
@@ -88,6 +102,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   materializer::log::SetMinLevel(level);
+  materializer::log::Format format;
+  if (!materializer::log::ParseFormat(absl::GetFlag(FLAGS_log_format),
+                                      &format)) {
+    std::cerr << "materializerd: --log_format must be text or json\n";
+    return 2;
+  }
+  materializer::log::SetFormat(format);
 
   materializer::service::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -111,6 +132,14 @@ int main(int argc, char** argv) {
                      absl::SkipWhitespace());
   options.session_grace = absl::GetFlag(FLAGS_session_grace);
   options.default_ttl = absl::GetFlag(FLAGS_default_ttl);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.metrics_client_labels = absl::GetFlag(FLAGS_metrics_client_labels);
+  options.gpu_free_headroom = absl::GetFlag(FLAGS_gpu_free_headroom);
+  options.fake_gpu_driver_file = absl::GetFlag(FLAGS_fake_gpu_driver);
+  if (options.metrics_client_labels < 0) {
+    std::cerr << "materializerd: --metrics_client_labels must be >= 0\n";
+    return 2;
+  }
   if (options.session_grace < absl::ZeroDuration() ||
       options.default_ttl <= absl::ZeroDuration()) {
     std::cerr << "materializerd: --session_grace must be >= 0 and "

@@ -34,6 +34,38 @@ uint64_t MicrosSince(absl::Time start) {
       absl::ToInt64Microseconds(absl::Now() - start));
 }
 
+const char* RngName(v1::RngMode mode) {
+  return mode == v1::RNG_MODE_TORCH ? "torch" : "portable";
+}
+
+void CountMaterialization(metrics::Metrics* metrics,
+                          const registry::HandleSpec& spec,
+                          const v1::PhaseTimings& timings) {
+  if (metrics == nullptr) return;
+  metrics->RecordMaterialize(timings, RngName(spec.rng),
+                             spec.layout.tensor_bytes);
+}
+
+// GetStats' view of the driver; processes for admins only.
+void FillDriver(const memory::DriverReport& report, bool with_processes,
+                v1::DriverMemory* out) {
+  out->set_uuid(report.uuid);
+  out->set_name(report.name);
+  out->set_total_bytes(report.total_bytes);
+  out->set_used_bytes(report.used_bytes);
+  out->set_free_bytes(report.free_bytes);
+  out->set_server_process_bytes(report.server_process_bytes);
+  out->set_caching_allocator_bytes(report.caching_allocator_bytes);
+  if (!with_processes) return;
+  for (const memory::GpuProcessReport& p : report.other_processes) {
+    v1::GpuProcess* process = out->add_processes();
+    process->set_pid(p.pid);
+    process->set_name(p.name);
+    process->set_used_bytes(p.used_bytes);
+    process->set_state(memory::ProcessStateName(p.state));
+  }
+}
+
 // A validated, planned model: everything decided before any memory is
 // touched.
 struct Prepared {
@@ -366,16 +398,20 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     // Under the caller's identity: it counts against the client's share of
     // the workers (common/thread_pool.h).
     workers_->Schedule(caller.identity, [handle, moved_reservations, parts,
-                                         inits] {
-      v1::PhaseTimings ignored;
-      absl::Status status = Build(
-          *handle, std::move(*moved_reservations), parts.get(), *inits,
-          &ignored, /*cancelled=*/[handle] { return handle->released(); });
+                                         inits, start, before = *timings,
+                                         metrics = options_.metrics] {
+      v1::PhaseTimings build = before;
+      absl::Status status =
+          Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
+                &build, /*cancelled=*/[handle] { return handle->released(); });
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
                       << " failed: " << status;
         handle->MarkFailed(status.ToString());
+        return;
       }
+      build.set_total_us(MicrosSince(start));
+      CountMaterialization(metrics, handle->spec(), build);
     });
     response.set_state(v1::HANDLE_STATE_MATERIALIZING);
     timings->set_total_us(MicrosSince(start));
@@ -391,6 +427,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
   response.set_state(v1::HANDLE_STATE_READY);
   timings->set_total_us(MicrosSince(start));
+  CountMaterialization(options_.metrics, handle->spec(), *timings);
   MLOG(INFO) << "materialized " << handle->id() << " for " << caller.identity
              << ": " << handle->spec().tensors.size() << " tensors, "
              << FormatBytes(handle->spec().layout.arena_bytes) << " on "
@@ -520,6 +557,14 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
     out->set_in_use_bytes(device.usage.in_use_bytes);
     out->set_peak_bytes(device.usage.peak_bytes);
     out->set_handles(device.usage.handles);
+    if (options_.gpu != nullptr && options_.gpu->Covers(device.device)) {
+      // A driver that cannot answer leaves `driver` unset, as on a CPU.
+      absl::StatusOr<memory::DriverReport> report =
+          options_.gpu->Report(device.device);
+      if (report.ok()) {
+        FillDriver(*report, caller.admin, out->mutable_driver());
+      }
+    }
   }
   auto limit = [](uint64_t bytes) {
     return bytes == memory::kNoByteLimit ? 0 : bytes;

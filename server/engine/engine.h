@@ -22,7 +22,9 @@
 #include "server/common/cancel.h"
 #include "server/common/thread_pool.h"
 #include "server/delivery/weight_stream.h"
+#include "server/memory/gpu_report.h"
 #include "server/memory/pool.h"
+#include "server/metrics/metrics.h"
 #include "server/registry/registry.h"
 #include "server/registry/session.h"
 
@@ -46,9 +48,15 @@ struct EngineOptions {
   // ttl; and the longest ttl a request may ask for.
   absl::Duration default_ttl = absl::Hours(1);
   absl::Duration max_ttl = absl::Hours(24 * 30);
+  // Where materializations and exports are counted; null: nowhere.
+  metrics::Metrics* metrics = nullptr;
+  // The GPU driver's view of the devices it covers, for GetStats; null:
+  // none (CPU-only hosts, no NVML).
+  const memory::GpuReporter* gpu = nullptr;
 };
 
-// Thread-safe. The pool, registry and worker pool must outlive the engine;
+// Thread-safe. The pool, registry, worker pool and what `options` points to
+// must outlive the engine;
 // the worker pool must be drained (destroyed) before the engine is, since
 // async materializations run there and use it.
 //

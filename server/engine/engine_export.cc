@@ -109,6 +109,10 @@ absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
     out->set_nbytes(t.nbytes);
   }
   ASSIGN_OR_RETURN(uint32_t live, handle->AddExport(std::move(record)));
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordExportOpened(response.has_cuda() ? "cuda_ipc"
+                                                             : "shared_memory");
+  }
   MLOG(INFO) << "exported " << handle->id() << " to " << caller.identity
              << " as " << response.export_id() << " (" << live << " live)";
   return response;
@@ -129,6 +133,7 @@ absl::StatusOr<v1::CloseExportResponse> Engine::CloseExport(
   ASSIGN_OR_RETURN(uint32_t remaining,
                    (*handle)->CloseExport(request.export_id()));
   registry_->ExportClosed(handle_id);
+  if (options_.metrics != nullptr) options_.metrics->RecordExportClosed();
   // Use renews the lease, so a handle that was exported past its lease
   // does not vanish the moment its export closes.
   (*handle)->Renew(absl::Now());

@@ -75,7 +75,8 @@ const DeviceConfig& Reservation::device() const {
 // --- DevicePool -------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
-    std::vector<DeviceConfig> devices, QuotaBook quotas) {
+    std::vector<DeviceConfig> devices, QuotaBook quotas,
+    DriverAdmission driver) {
   if (devices.empty()) {
     return absl::InvalidArgumentError("the device pool needs a device");
   }
@@ -87,13 +88,41 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
     }
   }
   return std::unique_ptr<DevicePool>(
-      new DevicePool(std::move(devices), std::move(quotas)));
+      new DevicePool(std::move(devices), std::move(quotas), driver));
 }
 
-DevicePool::DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas)
+DevicePool::DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas,
+                       DriverAdmission driver)
     : devices_(std::move(devices)),
       quotas_(std::move(quotas)),
+      driver_(driver),
       device_usage_(devices_.size()) {}
+
+DevicePool::DriverFree DevicePool::SampleDriver() const {
+  DriverFree free(devices_.size());
+  if (driver_.driver == nullptr) return free;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    if (!driver_.driver->Covers(devices_[i])) continue;
+    // A driver that cannot answer leaves the ledger to decide alone.
+    absl::StatusOr<GpuMemorySample> sample =
+        driver_.driver->Sample(devices_[i], /*with_processes=*/false);
+    if (sample.ok()) free[i] = sample->free_bytes;
+  }
+  return free;
+}
+
+uint64_t DevicePool::DriverRoomLocked(int index,
+                                      const DriverFree& driver) const {
+  if (!driver[index].has_value()) return kNoByteLimit;
+  const uint64_t free_bytes = *driver[index];
+  uint64_t room = free_bytes > driver_.headroom_bytes
+                      ? free_bytes - driver_.headroom_bytes
+                      : 0;
+  // Reserved bytes are not allocated yet, so the driver still counts them
+  // as free.
+  const uint64_t pending = device_usage_[index].reserved_bytes;
+  return room > pending ? room - pending : 0;
+}
 
 uint64_t DevicePool::FreeBytesLocked(int index) const {
   const Usage& usage = device_usage_[index];
@@ -107,8 +136,8 @@ uint64_t DevicePool::FreeBytes(int index) const {
   return FreeBytesLocked(index);
 }
 
-uint64_t DevicePool::AvailableLocked(absl::string_view client,
-                                     int index) const {
+uint64_t DevicePool::AvailableLocked(absl::string_view client, int index,
+                                     const DriverFree& driver) const {
   const Quota& quota = quotas_.For(client);
   Usage on_device;
   Usage total;
@@ -120,18 +149,20 @@ uint64_t DevicePool::AvailableLocked(absl::string_view client,
     const uint64_t used = usage.reserved_bytes + usage.in_use_bytes;
     return used >= limit ? 0 : limit - used;
   };
-  return std::min({FreeBytesLocked(index),
+  return std::min({FreeBytesLocked(index), DriverRoomLocked(index, driver),
                    left(quota.BytesOn(devices_[index].name), on_device),
                    left(quota.total_bytes, total)});
 }
 
 uint64_t DevicePool::AvailableTo(absl::string_view client, int index) const {
+  const DriverFree driver = SampleDriver();
   absl::ReaderMutexLock lock(&mu_);
-  return AvailableLocked(client, index);
+  return AvailableLocked(client, index, driver);
 }
 
 std::string DevicePool::ShortfallLocked(absl::string_view client, int index,
-                                        uint64_t bytes) const {
+                                        uint64_t bytes,
+                                        const DriverFree& driver) const {
   const Quota& quota = quotas_.For(client);
   const DeviceConfig& device = devices_[index];
   Usage on_device;
@@ -149,6 +180,18 @@ std::string DevicePool::ShortfallLocked(absl::string_view client, int index,
     return absl::StrCat("the model needs ", Figure(bytes), " but only ",
                         Figure(free_bytes), " of ", device.name, "'s ",
                         Figure(device.capacity_bytes), " is free");
+  }
+  if (const uint64_t room = DriverRoomLocked(index, driver); room < bytes) {
+    const uint64_t pending = device_usage_[index].reserved_bytes;
+    return absl::StrCat(
+        "the model needs ", Figure(bytes), " but the GPU driver reports only ",
+        Figure(*driver[index]), " free on ", device.name, " (",
+        Figure(driver_.headroom_bytes), " of it kept as headroom",
+        pending > 0 ? absl::StrCat(", ", Figure(pending),
+                                   " reserved for materializations in flight")
+                    : "",
+        "); the rest of the device is held outside this server's ledger, "
+        "by other processes (GetStats lists them to admins)");
   }
   const uint64_t device_quota = quota.BytesOn(device.name);
   const uint64_t on_device_used =
@@ -171,14 +214,15 @@ std::string DevicePool::ShortfallLocked(absl::string_view client, int index,
 
 absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view client,
                                               absl::string_view placement,
-                                              uint64_t bytes) const {
+                                              uint64_t bytes,
+                                              const DriverFree& driver) const {
   const int n = static_cast<int>(devices_.size());
   if (placement.empty() || placement == "auto") {
     int best = -1;
     uint64_t best_room = 0;
     for (int i = 0; i < n; ++i) {
-      if (!ShortfallLocked(client, i, bytes).empty()) continue;
-      const uint64_t room = AvailableLocked(client, i);
+      if (!ShortfallLocked(client, i, bytes, driver).empty()) continue;
+      const uint64_t room = AvailableLocked(client, i, driver);
       if (best < 0 || room < best_room) {
         best = i;
         best_room = room;
@@ -187,8 +231,8 @@ absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view client,
     if (best >= 0) return best;
     std::vector<std::string> reasons;
     for (int i = 0; i < n; ++i) {
-      reasons.push_back(absl::StrCat(devices_[i].name, ": ",
-                                     ShortfallLocked(client, i, bytes)));
+      reasons.push_back(absl::StrCat(
+          devices_[i].name, ": ", ShortfallLocked(client, i, bytes, driver)));
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "placement \"auto\": no device can take ", Figure(bytes), " for \"",
@@ -196,7 +240,7 @@ absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view client,
   }
   for (int i = 0; i < n; ++i) {
     if (devices_[i].name != placement) continue;
-    if (std::string shortfall = ShortfallLocked(client, i, bytes);
+    if (std::string shortfall = ShortfallLocked(client, i, bytes, driver);
         !shortfall.empty()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("placement \"", placement, "\": ", shortfall));
@@ -214,8 +258,9 @@ absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view client,
 absl::StatusOr<int> DevicePool::Resolve(absl::string_view client,
                                         absl::string_view placement,
                                         uint64_t bytes) const {
+  const DriverFree driver = SampleDriver();
   absl::ReaderMutexLock lock(&mu_);
-  return ResolveLocked(client, placement, bytes);
+  return ResolveLocked(client, placement, bytes, driver);
 }
 
 template <typename Change>
@@ -250,14 +295,16 @@ Reservation DevicePool::ReserveLocked(absl::string_view client, int device,
 absl::StatusOr<Reservation> DevicePool::Reserve(absl::string_view client,
                                                 absl::string_view placement,
                                                 uint64_t bytes) {
+  const DriverFree driver = SampleDriver();
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<int> device = ResolveLocked(client, placement, bytes);
+  absl::StatusOr<int> device = ResolveLocked(client, placement, bytes, driver);
   if (!device.ok()) return device.status();
   return ReserveLocked(client, *device, bytes);
 }
 
 absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
-    absl::string_view client, const SplitRequest& request) const {
+    absl::string_view client, const SplitRequest& request,
+    const DriverFree& driver) const {
   std::vector<int> order;
   if (request.devices.empty()) {
     for (int i = 0; i < static_cast<int>(devices_.size()); ++i) {
@@ -300,10 +347,10 @@ absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
     handles_left = quota.handles;
   }
   // Room per device in fill order: free bytes within the client's quota
-  // (AvailableLocked) and the request's cap.
+  // and the driver's free memory (AvailableLocked) and the request's cap.
   std::vector<uint64_t> room;
   for (int device : order) {
-    uint64_t r = AvailableLocked(client, device);
+    uint64_t r = AvailableLocked(client, device, driver);
     if (auto it = request.max_memory.find(devices_[device].name);
         it != request.max_memory.end()) {
       r = std::min(r, it->second);
@@ -364,14 +411,16 @@ absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
 
 absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplit(
     absl::string_view client, const SplitRequest& request) const {
+  const DriverFree driver = SampleDriver();
   absl::ReaderMutexLock lock(&mu_);
-  return PlanSplitLocked(client, request);
+  return PlanSplitLocked(client, request, driver);
 }
 
 absl::StatusOr<DevicePool::SplitReservation> DevicePool::ReserveSplit(
     absl::string_view client, const SplitRequest& request) {
+  const DriverFree driver = SampleDriver();
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(SplitPlan plan, PlanSplitLocked(client, request));
+  ASSIGN_OR_RETURN(SplitPlan plan, PlanSplitLocked(client, request, driver));
   SplitReservation out;
   for (size_t p = 0; p < plan.part_devices.size(); ++p) {
     out.parts.push_back(ReserveLocked(client, plan.part_devices[p],

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/memory/device.h"
+#include "server/memory/gpu_driver.h"
 #include "server/memory/quota.h"
 
 namespace materializer::memory {
@@ -105,12 +107,28 @@ class Reservation {
   uint64_t bytes_ = 0;
 };
 
+// Bytes of a device's driver-reported free memory that admission leaves
+// alone: cudaMalloc rounds allocations up to 2 MiB pages, and init kernels
+// (torch mode) allocate temporaries while they run.
+inline constexpr uint64_t kDefaultDriverHeadroom = uint64_t{256} << 20;
+
+// Admission against what a GPU's driver says is free, besides the ledger.
+// The ledger only knows what this server handed out; memory held by other
+// processes (or left behind by dead ones) would otherwise surface as a
+// failed cudaMalloc after the bytes were admitted.
+struct DriverAdmission {
+  // Not owned; must outlive the pool. Null: the ledger alone.
+  const GpuDriver* driver = nullptr;
+  uint64_t headroom_bytes = kDefaultDriverHeadroom;
+};
+
 // Thread-safe. Must outlive every Reservation and Allocation it issued.
 class DevicePool {
  public:
   // Devices in pool order; names must be unique.
   static absl::StatusOr<std::unique_ptr<DevicePool>> Create(
-      std::vector<DeviceConfig> devices, QuotaBook quotas = QuotaBook());
+      std::vector<DeviceConfig> devices, QuotaBook quotas = QuotaBook(),
+      DriverAdmission driver = DriverAdmission());
 
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
@@ -119,7 +137,9 @@ class DevicePool {
 
   // Admits `bytes` (one handle) for `client` on the device `placement`
   // names, atomically, within the device's free bytes and the client's
-  // quota. Placement: "" or "auto" picks the best fit: the device with the
+  // quota, and, on a device the driver reports on, within the driver's
+  // free bytes less the headroom and less the bytes already reserved there
+  // but not yet allocated. Placement: "" or "auto" picks the best fit: the device with the
   // least room that still fits (ties: pool order), which keeps large holes
   // free for large models. INVALID_ARGUMENT for a device the pool does not
   // have; RESOURCE_EXHAUSTED, with requested / free / quota figures, when it
@@ -167,10 +187,10 @@ class DevicePool {
                               absl::string_view placement,
                               uint64_t bytes) const;
 
-  // Bytes device `index` could still admit (any client).
+  // Bytes of device `index` the ledger has not handed out (any client).
   uint64_t FreeBytes(int index) const;
   // Bytes device `index` could still admit for `client`: its free bytes
-  // within what the client's quota leaves.
+  // within what the client's quota and the driver's free memory leave.
   uint64_t AvailableTo(absl::string_view client, int index) const;
 
   const QuotaBook& quotas() const { return quotas_; }
@@ -181,24 +201,39 @@ class DevicePool {
   friend class Reservation;
   friend class Allocation;
 
-  DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas);
+  DevicePool(std::vector<DeviceConfig> devices, QuotaBook quotas,
+             DriverAdmission driver);
+
+  // The driver's free bytes per device (pool order), read before taking
+  // mu_ (a driver call may take a while); nullopt where the driver does
+  // not report on the device or cannot answer.
+  using DriverFree = std::vector<std::optional<uint64_t>>;
+  DriverFree SampleDriver() const;
 
   absl::StatusOr<SplitPlan> PlanSplitLocked(absl::string_view client,
-                                            const SplitRequest& request) const
+                                            const SplitRequest& request,
+                                            const DriverFree& driver) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Reservation ReserveLocked(absl::string_view client, int device,
                             uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<int> ResolveLocked(absl::string_view client,
                                     absl::string_view placement,
-                                    uint64_t bytes) const
+                                    uint64_t bytes,
+                                    const DriverFree& driver) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t FreeBytesLocked(int index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  uint64_t AvailableLocked(absl::string_view client, int index) const
+  // Bytes the driver's figure leaves for new reservations on device
+  // `index`: free less headroom less bytes reserved but not yet allocated;
+  // kNoByteLimit without a figure.
+  uint64_t DriverRoomLocked(int index, const DriverFree& driver) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t AvailableLocked(absl::string_view client, int index,
+                           const DriverFree& driver) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Why `client` cannot put `bytes` on device `index`, or "" if it can.
   std::string ShortfallLocked(absl::string_view client, int index,
-                              uint64_t bytes) const
+                              uint64_t bytes, const DriverFree& driver) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   void Unreserve(const std::string& client, int device, uint64_t bytes);
@@ -219,6 +254,7 @@ class DevicePool {
 
   const std::vector<DeviceConfig> devices_;
   const QuotaBook quotas_;
+  const DriverAdmission driver_;
 
   mutable absl::Mutex mu_;
   // Guards every counter below.

@@ -3,6 +3,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/memory/fake_gpu_driver.h"
 #include "tests/testing/status_matchers.h"
 
 namespace materializer::memory {
@@ -259,6 +260,117 @@ TEST(DevicePoolTest, DuplicateDeviceNamesAreRejected) {
   EXPECT_THAT(DevicePool::Create({cpu, cpu}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("listed twice")));
+}
+
+// --- admission against the driver's free memory ------------------------------
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// Two virtual devices of 10 GiB each in the ledger; the fake driver reports
+// on cpu:1 only, as if it were a GPU whose memory others also use.
+struct DriverPool {
+  FakeGpuDriver driver;
+  std::unique_ptr<DevicePool> pool;
+
+  explicit DriverPool(uint64_t headroom = 100 * kMiB) {
+    std::vector<DeviceConfig> devices;
+    for (int i = 0; i < 2; ++i) {
+      DeviceConfig device;
+      device.name = "cpu:" + std::to_string(i);
+      device.ordinal = i;
+      device.capacity_bytes = 10240 * kMiB;
+      devices.push_back(device);
+    }
+    SetDriverFree(10240 * kMiB);
+    pool = DevicePool::Create(devices, QuotaBook(),
+                              DriverAdmission{&driver, headroom})
+               .value();
+  }
+
+  void SetDriverFree(uint64_t free_bytes) {
+    GpuMemorySample sample;
+    sample.uuid = "GPU-fake-1";
+    sample.total_bytes = 10240 * kMiB;
+    sample.free_bytes = free_bytes;
+    sample.used_bytes = sample.total_bytes - free_bytes;
+    driver.Set("cpu:1", sample);
+  }
+};
+
+TEST(DriverAdmissionTest, MemoryHeldElsewhereIsRefusedBeforeAllocation) {
+  DriverPool p;
+  // Another process holds all but 1 GiB of the GPU.
+  p.SetDriverFree(1024 * kMiB);
+  // The ledger alone would admit 2 GiB; the driver says no, with figures.
+  EXPECT_THAT(
+      p.pool->Reserve("alice", "cpu:1", 2048 * kMiB),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("placement \"cpu:1\""),
+                     HasSubstr("needs 2.00 GiB (2147483648 bytes)"),
+                     HasSubstr("driver reports only 1.00 GiB (1073741824 "
+                               "bytes) free on cpu:1"),
+                     HasSubstr("100.00 MiB (104857600 bytes) of it kept as "
+                               "headroom"))));
+  ExpectAllZero(*p.pool);
+  // What fits under free - headroom is admitted.
+  {
+    ASSERT_OK_AND_ASSIGN(Reservation r,
+                         p.pool->Reserve("alice", "cpu:1", 900 * kMiB));
+    EXPECT_EQ(r.device().name, "cpu:1");
+  }
+  // Just over free - headroom is not.
+  EXPECT_THAT(p.pool->Reserve("alice", "cpu:1", 925 * kMiB),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("GPU driver reports only")));
+  ExpectAllZero(*p.pool);
+}
+
+TEST(DriverAdmissionTest, ReservationsInFlightCountAgainstDriverFreeBytes) {
+  DriverPool p;
+  p.SetDriverFree(2048 * kMiB);
+  // Reserved but not allocated: the driver still shows it free, so the
+  // pool must not hand it out twice.
+  ASSERT_OK_AND_ASSIGN(Reservation first,
+                       p.pool->Reserve("alice", "cpu:1", 1500 * kMiB));
+  EXPECT_THAT(p.pool->Reserve("bob", "cpu:1", 500 * kMiB),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("1.46 GiB (1572864000 bytes) reserved for "
+                                 "materializations in flight")));
+  ASSERT_OK_AND_ASSIGN(Reservation second,
+                       p.pool->Reserve("bob", "cpu:1", 400 * kMiB));
+}
+
+TEST(DriverAdmissionTest, AutoAndSplitAvoidTheFullGpu) {
+  DriverPool p;
+  p.SetDriverFree(500 * kMiB);
+  // Best fit would pick either (equal ledger room); the driver rules cpu:1
+  // out for 1 GiB.
+  ASSERT_OK_AND_ASSIGN(Reservation r, p.pool->Reserve("alice", "auto",
+                                                      1024 * kMiB));
+  EXPECT_EQ(r.device().name, "cpu:0");
+  EXPECT_EQ(p.pool->AvailableTo("alice", 1), 400 * kMiB);
+  EXPECT_EQ(p.pool->FreeBytes(1), 10240 * kMiB);  // the ledger's own figure
+
+  DevicePool::SplitRequest split;
+  split.devices = {"cpu:1", "cpu:0"};
+  split.unit_bytes = {300 * kMiB, 300 * kMiB};
+  ASSERT_OK_AND_ASSIGN(DevicePool::SplitPlan plan,
+                       p.pool->PlanSplit("alice", split));
+  // 400 MiB of room on cpu:1: the first unit fits, the second goes on.
+  EXPECT_THAT(plan.part_devices, ElementsAre(1, 0));
+}
+
+TEST(DriverAdmissionTest, NoDriverFigureLeavesTheLedgerToDecide) {
+  DriverPool p;
+  p.SetDriverFree(0);
+  p.driver.SetError(absl::UnavailableError("driver not answering"));
+  ASSERT_OK_AND_ASSIGN(Reservation r,
+                       p.pool->Reserve("alice", "cpu:1", 4096 * kMiB));
+  EXPECT_EQ(r.device().name, "cpu:1");
+  p.driver.SetError(absl::OkStatus());
+  p.driver.Remove("cpu:1");
+  ASSERT_OK_AND_ASSIGN(Reservation s,
+                       p.pool->Reserve("alice", "cpu:1", 4096 * kMiB));
 }
 
 }  // namespace

@@ -114,7 +114,7 @@ void HandleRegistry::ExportClosed(absl::string_view id) {
   draining_.erase(it);
 }
 
-uint64_t HandleRegistry::ReleaseSession(absl::string_view session) {
+SessionRelease HandleRegistry::ReleaseSession(absl::string_view session) {
   std::vector<std::shared_ptr<Handle>> bound;
   {
     absl::MutexLock lock(&mu_);
@@ -125,13 +125,17 @@ uint64_t HandleRegistry::ReleaseSession(absl::string_view session) {
       }
     }
   }
-  uint64_t freed = 0;
+  SessionRelease out;
   for (const std::shared_ptr<Handle>& handle : bound) {
     absl::StatusOr<ReleaseResult> result =
         Release(handle->spec().owner, handle->id(), /*force=*/true);
-    if (result.ok()) freed += result->freed_bytes;
+    if (result.ok() && result->released) {
+      out.handles.push_back(handle->id());
+      out.freed_bytes += result->freed_bytes;
+    }
   }
-  return freed;
+  std::sort(out.handles.begin(), out.handles.end());
+  return out;
 }
 
 std::vector<std::string> HandleRegistry::ReleaseExpired(absl::Time now) {
@@ -181,6 +185,31 @@ std::vector<std::shared_ptr<Handle>> HandleRegistry::List(
 size_t HandleRegistry::size() const {
   absl::MutexLock lock(&mu_);
   return handles_.size();
+}
+
+RegistryCensus HandleRegistry::Census() const {
+  RegistryCensus census;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, handle] : handles_) {
+    switch (handle->state()) {
+      case v1::HANDLE_STATE_MATERIALIZING:
+        ++census.materializing;
+        break;
+      case v1::HANDLE_STATE_READY:
+        ++census.ready;
+        break;
+      case v1::HANDLE_STATE_FAILED:
+        ++census.failed;
+        break;
+      default:
+        break;
+    }
+    census.exports += handle->num_exports();
+  }
+  for (const auto& [id, handle] : draining_) {
+    census.exports += handle->num_exports();
+  }
+  return census;
 }
 
 }  // namespace materializer::registry

@@ -32,6 +32,22 @@ struct ReleaseResult {
   uint64_t freed_bytes = 0;
 };
 
+// What ending a session released.
+struct SessionRelease {
+  std::vector<std::string> handles;  // ids, sorted
+  uint64_t freed_bytes = 0;
+};
+
+// Registered handles by state, and their open exports.
+struct RegistryCensus {
+  size_t materializing = 0;
+  size_t ready = 0;
+  size_t failed = 0;
+  // Open exports, including those of force-released handles still
+  // draining.
+  size_t exports = 0;
+};
+
 // Thread-safe.
 class HandleRegistry {
  public:
@@ -74,8 +90,8 @@ class HandleRegistry {
   void Forget(absl::string_view id);
 
   // Releases every handle bound to `session` (the session ended), with
-  // force: exported ones too. Returns the bytes freed.
-  uint64_t ReleaseSession(absl::string_view session);
+  // force: exported ones too. Returns their ids and the bytes freed.
+  SessionRelease ReleaseSession(absl::string_view session);
 
   // Releases every handle whose lease expired at or before `now`, except
   // exported ones (an importer is using them; they expire once their last
@@ -86,6 +102,9 @@ class HandleRegistry {
   std::vector<std::shared_ptr<Handle>> List(absl::string_view owner) const;
 
   size_t size() const;
+
+  // Counts for monitoring (a pass over every handle).
+  RegistryCensus Census() const;
 
  private:
   mutable absl::Mutex mu_;

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/common/quote.h"
 
 namespace materializer::registry {
@@ -19,23 +20,38 @@ std::string NewId(const char* prefix) {
 
 }  // namespace
 
-SessionTable::SessionTable(HandleRegistry* registry, absl::Duration grace)
-    : registry_(registry), grace_(grace) {}
+SessionTable::SessionTable(HandleRegistry* registry, absl::Duration grace,
+                           SessionObserver* observer)
+    : registry_(registry), grace_(grace), observer_(observer) {}
 
 SessionTable::Attached SessionTable::Open(absl::string_view owner,
                                           absl::Time /*now*/) {
   Attached attached{NewId("s"), NewId("r"), /*generation=*/1,
                     /*resumed=*/false};
-  absl::MutexLock lock(&mu_);
-  sessions_.emplace(attached.session_id,
-                    Session{std::string(owner), attached.resume_token,
-                            /*attached=*/true, absl::InfinitePast(),
-                            /*generation=*/1});
-  by_token_.emplace(attached.resume_token, attached.session_id);
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_.emplace(attached.session_id,
+                      Session{std::string(owner), attached.resume_token,
+                              /*attached=*/true, absl::InfinitePast(),
+                              /*generation=*/1});
+    by_token_.emplace(attached.resume_token, attached.session_id);
+  }
+  if (observer_ != nullptr) {
+    observer_->SessionOpened(owner, attached.session_id, /*resumed=*/false);
+  }
   return attached;
 }
 
 absl::StatusOr<SessionTable::Attached> SessionTable::Resume(
+    absl::string_view owner, absl::string_view resume_token, absl::Time now) {
+  absl::StatusOr<Attached> attached = ResumeUnobserved(owner, resume_token, now);
+  if (attached.ok() && observer_ != nullptr) {
+    observer_->SessionOpened(owner, attached->session_id, /*resumed=*/true);
+  }
+  return attached;
+}
+
+absl::StatusOr<SessionTable::Attached> SessionTable::ResumeUnobserved(
     absl::string_view owner, absl::string_view resume_token, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto token = by_token_.find(resume_token);
@@ -67,6 +83,7 @@ absl::StatusOr<SessionTable::Attached> SessionTable::Resume(
 
 void SessionTable::Detach(absl::string_view session_id, uint64_t generation,
                           absl::Time now) {
+  Ending ending;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
@@ -77,10 +94,25 @@ void SessionTable::Detach(absl::string_view session_id, uint64_t generation,
     it->second.attached = false;
     it->second.detached_at = now;
     if (grace_ > absl::ZeroDuration()) return;
-    EndLocked(std::string(session_id));
+    ending = {std::string(session_id), it->second.owner, now};
+    EndLocked(ending.session_id);
   }
   // Zero grace: release now, outside our lock.
-  registry_->ReleaseSession(session_id);
+  Release(ending, now);
+}
+
+void SessionTable::Release(const Ending& ending, absl::Time now) {
+  const absl::Time start = absl::Now();
+  SessionRelease released = registry_->ReleaseSession(ending.session_id);
+  if (observer_ == nullptr) return;
+  SessionObserver::SessionEnd end;
+  end.session_id = ending.session_id;
+  end.owner = ending.owner;
+  end.handles = std::move(released.handles);
+  end.freed_bytes = released.freed_bytes;
+  end.since_detach = now - ending.detached_at;
+  end.cleanup = absl::Now() - start;
+  observer_->SessionEnded(end);
 }
 
 absl::Status SessionTable::WithLiveSession(absl::string_view owner,
@@ -105,17 +137,17 @@ void SessionTable::EndLocked(const std::string& session_id) {
 }
 
 int SessionTable::Reap(absl::Time now) {
-  std::vector<std::string> ended;
+  std::vector<Ending> ended;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, session] : sessions_) {
       if (!session.attached && now - session.detached_at >= grace_) {
-        ended.push_back(id);
+        ended.push_back({id, session.owner, session.detached_at});
       }
     }
-    for (const std::string& id : ended) EndLocked(id);
+    for (const Ending& ending : ended) EndLocked(ending.session_id);
   }
-  for (const std::string& id : ended) registry_->ReleaseSession(id);
+  for (const Ending& ending : ended) Release(ending, now);
   return static_cast<int>(ended.size());
 }
 

@@ -15,8 +15,10 @@
 //   sessions.Detach(a.session_id, absl::Now());   // the stream ended
 //   sessions.Reap(absl::Now() + absl::Seconds(6)); // handles released
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -27,6 +29,31 @@
 #include "server/registry/registry.h"
 
 namespace materializer::registry {
+
+// Told about sessions as they open and end (the server logs and counts
+// them). Called without the table's lock, on the thread that caused the
+// event: an Attach stream's, or the reaper's. Implementations are
+// thread-safe.
+class SessionObserver {
+ public:
+  struct SessionEnd {
+    std::string session_id;
+    std::string owner;
+    // What ending it released (SessionRelease).
+    std::vector<std::string> handles;
+    uint64_t freed_bytes = 0;
+    // From the end of its stream to the release (the grace period plus
+    // the reaper's delay).
+    absl::Duration since_detach;
+    // How long releasing the handles took.
+    absl::Duration cleanup;
+  };
+
+  virtual ~SessionObserver() = default;
+  virtual void SessionOpened(absl::string_view owner,
+                             absl::string_view session_id, bool resumed) = 0;
+  virtual void SessionEnded(const SessionEnd& end) = 0;
+};
 
 // Thread-safe. The registry must outlive the table.
 class SessionTable {
@@ -42,7 +69,9 @@ class SessionTable {
     bool resumed = false;
   };
 
-  SessionTable(HandleRegistry* registry, absl::Duration grace);
+  // `observer` (optional) must outlive the table.
+  SessionTable(HandleRegistry* registry, absl::Duration grace,
+               SessionObserver* observer = nullptr);
 
   SessionTable(const SessionTable&) = delete;
   SessionTable& operator=(const SessionTable&) = delete;
@@ -92,12 +121,26 @@ class SessionTable {
     uint64_t generation = 0;
   };
 
-  // Removes the session (mu_ held) and returns its id for release.
+  absl::StatusOr<Attached> ResumeUnobserved(absl::string_view owner,
+                                        absl::string_view resume_token,
+                                        absl::Time now);
+
+  // Removes the session (mu_ held); Release() then frees its handles.
   void EndLocked(const std::string& session_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  struct Ending {
+    std::string session_id;
+    std::string owner;
+    absl::Time detached_at;
+  };
+  // Releases an ended session's handles (mu_ not held) and tells the
+  // observer.
+  void Release(const Ending& ending, absl::Time now);
+
   HandleRegistry* const registry_;
   const absl::Duration grace_;
+  SessionObserver* const observer_;
 
   mutable absl::Mutex mu_;
   // Guards sessions_ and by_token_. Held while binding a handle (see

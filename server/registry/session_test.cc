@@ -1,11 +1,18 @@
 #include "server/registry/session.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
 #include "tests/testing/status_matchers.h"
 
 namespace materializer::registry {
 namespace {
 
 using ::materializer::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
@@ -129,6 +136,59 @@ TEST(HandleLeaseTest, UnusedHandlesExpireAndUseRenews) {
   EXPECT_TRUE(
       registry.ReleaseExpired(absl::Now() + absl::Hours(24 * 365 * 1000))
           .empty());
+}
+
+// Records what the table reports.
+class RecordingObserver : public SessionObserver {
+ public:
+  void SessionOpened(absl::string_view owner, absl::string_view session_id,
+                     bool resumed) override {
+    opened.push_back(absl::StrCat(owner, " ", session_id, resumed ? " resumed" : ""));
+  }
+  void SessionEnded(const SessionEnd& end) override { ended.push_back(end); }
+  std::vector<std::string> opened;
+  std::vector<SessionEnd> ended;
+};
+
+TEST(SessionObserverTest, ReportsOpensResumesAndWhatEachEndReleased) {
+  HandleRegistry registry;
+  RecordingObserver observer;
+  SessionTable sessions(&registry, absl::Seconds(5), &observer);
+  SessionTable::Attached a = sessions.Open("alice", kT0);
+  std::shared_ptr<Handle> h1 = Bind(sessions, registry, "alice", a.session_id);
+  std::shared_ptr<Handle> h2 = Bind(sessions, registry, "alice", a.session_id);
+  sessions.Detach(a.session_id, a.generation, kT0);
+  ASSERT_OK_AND_ASSIGN(SessionTable::Attached again,
+                       sessions.Resume("alice", a.resume_token, kT0));
+  EXPECT_THAT(observer.opened,
+              ElementsAre("alice " + a.session_id,
+                          "alice " + a.session_id + " resumed"));
+  EXPECT_TRUE(observer.ended.empty());
+
+  sessions.Detach(a.session_id, again.generation, kT0 + absl::Seconds(1));
+  sessions.Reap(kT0 + absl::Seconds(7));
+  ASSERT_EQ(observer.ended.size(), 1u);
+  const SessionObserver::SessionEnd& end = observer.ended[0];
+  EXPECT_EQ(end.session_id, a.session_id);
+  EXPECT_EQ(end.owner, "alice");
+  std::vector<std::string> ids = {h1->id(), h2->id()};
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(end.handles, ids);
+  EXPECT_EQ(end.freed_bytes, 2u * 256);  // Bind declares 256-byte arenas
+  EXPECT_EQ(end.since_detach, absl::Seconds(6));
+}
+
+TEST(SessionObserverTest, ZeroGraceEndsAtDetach) {
+  HandleRegistry registry;
+  RecordingObserver observer;
+  SessionTable sessions(&registry, absl::ZeroDuration(), &observer);
+  SessionTable::Attached a = sessions.Open("bob", kT0);
+  std::shared_ptr<Handle> h = Bind(sessions, registry, "bob", a.session_id);
+  sessions.Detach(a.session_id, a.generation, kT0);
+  ASSERT_EQ(observer.ended.size(), 1u);
+  EXPECT_THAT(observer.ended[0].handles, ElementsAre(h->id()));
+  EXPECT_EQ(observer.ended[0].since_detach, absl::ZeroDuration());
+  EXPECT_EQ(registry.size(), 0u);
 }
 
 }  // namespace

@@ -30,8 +30,11 @@ class AttachReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   AttachReactor(registry::SessionTable* sessions, ThreadPool* workers,
-                engine::Caller caller)
-      : sessions_(sessions), workers_(workers), caller_(std::move(caller)) {
+                engine::Caller caller, CallObserver observer)
+      : sessions_(sessions),
+        workers_(workers),
+        caller_(std::move(caller)),
+        observer_(std::move(observer)) {
     ReactionScope reaction(this);
     StartRead(&raw_request_);
   }
@@ -41,7 +44,7 @@ class AttachReactor final
     if (!ok) {
       // The client closed its side (or the stream broke): the lease ends.
       Detach();
-      Finish(EndCall(kMethod, absl::OkStatus()));
+      Finish(observer_.End(absl::OkStatus()));
       return;
     }
     v1::AttachRequest request;
@@ -49,7 +52,7 @@ class AttachReactor final
     raw_request_.Clear();
     if (!parsed.ok()) {
       Detach();
-      Finish(EndCall(kMethod, parsed));
+      Finish(observer_.End(parsed));
       return;
     }
     if (attached()) {  // a heartbeat
@@ -63,7 +66,7 @@ class AttachReactor final
             : sessions_->Resume(caller_.identity, request.resume_token(),
                                 absl::Now());
     if (!attached.ok()) {
-      Finish(EndCall(kMethod, attached.status()));
+      Finish(observer_.End(attached.status()));
       return;
     }
     {
@@ -71,6 +74,7 @@ class AttachReactor final
       attachment_ = *attached;
       attached_ = true;
     }
+    observer_.SetSession(attached->session_id);
     MLOG(INFO) << (attached->resumed ? "resumed" : "opened") << " session "
                << attached->session_id << " of " << caller_.identity;
     v1::AttachResponse response;
@@ -82,7 +86,7 @@ class AttachReactor final
             absl::ToInt64Microseconds(sessions_->grace()));
     if (absl::Status s = SerializeMessage(response, &raw_response_); !s.ok()) {
       Detach();
-      Finish(EndCall(kMethod, s));
+      Finish(observer_.End(s));
       return;
     }
     StartWrite(&raw_response_);
@@ -92,7 +96,7 @@ class AttachReactor final
     ReactionScope reaction(this);
     if (!ok) {
       Detach();
-      Finish(EndCall(kMethod, absl::CancelledError("attach broken")));
+      Finish(observer_.End(absl::CancelledError("attach broken")));
       return;
     }
     StartRead(&raw_request_);
@@ -139,6 +143,9 @@ class AttachReactor final
   registry::SessionTable* const sessions_;
   ThreadPool* const workers_;
   const engine::Caller caller_;
+  // Used by the read and write reactions, which never overlap (one
+  // operation is outstanding at a time), so it needs no lock.
+  CallObserver observer_;
   grpc::ByteBuffer raw_request_;
   grpc::ByteBuffer raw_response_;
 
@@ -153,9 +160,9 @@ class AttachReactor final
 class RefusedAttach final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit RefusedAttach(const absl::Status& status) {
+  RefusedAttach(const absl::Status& status, CallObserver observer) {
     ReactionScope reaction(this);
-    Finish(EndCall(kMethod, status));
+    Finish(observer.End(status));
   }
   void OnDone() override {
     HappensAfter(this);
@@ -167,17 +174,19 @@ class RefusedAttach final
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttach(
     registry::SessionTable* sessions, ThreadPool* workers,
-    engine::Caller caller) {
+    engine::Caller caller, CallObserver observer) {
   if (sessions == nullptr) {
     return new RefusedAttach(
-        absl::FailedPreconditionError("this server has no sessions"));
+        absl::FailedPreconditionError("this server has no sessions"),
+        std::move(observer));
   }
-  return new AttachReactor(sessions, workers, std::move(caller));
+  return new AttachReactor(sessions, workers, std::move(caller),
+                           std::move(observer));
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RefuseAttach(
-    const absl::Status& status) {
-  return new RefusedAttach(status);
+    const absl::Status& status, CallObserver observer) {
+  return new RefusedAttach(status, std::move(observer));
 }
 
 }  // namespace materializer::service

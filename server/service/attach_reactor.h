@@ -22,6 +22,7 @@
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
 #include "server/registry/session.h"
+#include "server/service/call_observer.h"
 
 namespace materializer::service {
 
@@ -29,15 +30,16 @@ namespace materializer::service {
 // characters).
 inline constexpr size_t kMaxAttachRequestBytes = 4096;
 
-// gRPC owns the reactor; it deletes itself when done. `sessions` and
-// `workers` must outlive the gRPC server.
+// gRPC owns the reactor; it deletes itself when done, after reporting the
+// stream's end to `observer`. `sessions` and `workers` must outlive the
+// gRPC server.
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttach(
     registry::SessionTable* sessions, ThreadPool* workers,
-    engine::Caller caller);
+    engine::Caller caller, CallObserver observer);
 
 // A reactor that finishes at once with `status` (e.g. unauthenticated).
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RefuseAttach(
-    const absl::Status& status);
+    const absl::Status& status, CallObserver observer);
 
 }  // namespace materializer::service
 

@@ -41,13 +41,17 @@ void ReleaseKeepalive(void* user_data) {
 // a time and owns stream_ while it runs.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(ThreadPool* workers, std::string client)
-      : workers_(workers), client_(std::move(client)) {}
+  FetchReactor(ThreadPool* workers, std::string client,
+               CallObserver observer)
+      : workers_(workers),
+        client_(std::move(client)),
+        observer_(std::move(observer)) {}
 
   // A failed open: finish at once with the error.
-  explicit FetchReactor(const absl::Status& status) {
+  FetchReactor(const absl::Status& status, CallObserver observer)
+      : observer_(std::move(observer)) {
     ReactionScope reaction(this);
-    Finish(EndCall("FetchWeights", status));
+    Finish(observer_.End(status));
   }
 
   // Queues the open; false if the client's queue is full (nothing queued).
@@ -64,19 +68,22 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
             "worker took it")));
         return;
       }
-      absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream = open();
+      absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream =
+          open(&observer_);
       if (!stream.ok()) {
         HandOver(Step::Failed(stream.status()));
         return;
       }
       stream_ = std::move(*stream);
+      // Before the first write, so no other step touches observer_ yet.
+      observer_.FetchOpened(stream_->position(), stream_->total_bytes());
       Produce();
     });
   }
 
   void Refuse(const absl::Status& status) {
     ReactionScope reaction(this);
-    Finish(EndCall("FetchWeights", status));
+    Finish(observer_.End(status));
   }
 
   void OnWriteDone(bool ok) override {
@@ -85,6 +92,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     {
       absl::MutexLock lock(&mu_);
       in_flight_ = false;
+      if (ok) {
+        observer_.FetchChunk(written_.data_bytes, written_.wire_bytes,
+                             written_.digest);
+      }
       // gRPC holds its own references to what it still sends.
       buffer_.Clear();
       if (!ok) {
@@ -121,6 +132,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     bool chunk = false;
     bool last = false;
     grpc::ByteBuffer buffer;
+    // Payload bytes and whether the chunk carries the file digest.
+    uint64_t data_bytes = 0;
+    bool digest = false;
     absl::Status status;
 
     static Step Failed(absl::Status status) {
@@ -143,6 +157,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     Step step;
     step.chunk = true;
     step.buffer = EncodeChunk(chunk);
+    step.data_bytes = chunk.length();
+    step.digest = !chunk.digest.empty();
     // The last chunk is a copy: let go of the arena now, not when gRPC gets
     // round to OnDone, so a Release right after the client read everything
     // frees the memory at once.
@@ -176,13 +192,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // finishes. The caller has set in_flight_ for a chunk.
   void Start(Step step) {
     if (!step.chunk) {
+      grpc::Status ended = observer_.End(step.status);
       HappensBefore(this);
-      Finish(EndCall("FetchWeights", step.status));
+      Finish(std::move(ended));
       return;
     }
     {
       absl::MutexLock lock(&mu_);
       buffer_ = std::move(step.buffer);
+      written_ = {step.data_bytes, buffer_.Length(), step.digest};
       if (!step.last) producing_ = true;
     }
     if (!step.last) {
@@ -211,6 +229,16 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool producing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Step> next_ ABSL_GUARDED_BY(mu_);
+
+  // Used by the open before the first write, then by whoever holds the
+  // write (Start, OnWriteDone); mu_ orders the hand-overs.
+  CallObserver observer_;
+  // The chunk being written, counted once its write completes.
+  struct Written {
+    uint64_t data_bytes = 0;
+    uint64_t wire_bytes = 0;
+    bool digest = false;
+  } written_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -263,8 +291,10 @@ grpc::ByteBuffer EncodeChunk(const delivery::WeightStream::Chunk& chunk) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
     ThreadPool* workers, std::string client, OpenStream open,
-    std::function<bool()> cancelled, absl::Status queue_full) {
-  auto* reactor = new FetchReactor(workers, std::move(client));
+    std::function<bool()> cancelled, absl::Status queue_full,
+    CallObserver observer) {
+  auto* reactor =
+      new FetchReactor(workers, std::move(client), std::move(observer));
   if (!reactor->Begin(std::move(open), std::move(cancelled))) {
     reactor->Refuse(queue_full);
   }
@@ -272,8 +302,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(
-    const absl::Status& status) {
-  return new FetchReactor(status);
+    const absl::Status& status, CallObserver observer) {
+  return new FetchReactor(status, std::move(observer));
 }
 
 }  // namespace materializer::service

@@ -25,25 +25,30 @@
 #include "materializer/v1/materializer.pb.h"
 #include "server/common/thread_pool.h"
 #include "server/delivery/weight_stream.h"
+#include "server/service/call_observer.h"
 
 namespace materializer::service {
 
+// Opens the stream; tells `observer` the request it parsed.
 using OpenStream =
-    std::function<absl::StatusOr<std::unique_ptr<delivery::WeightStream>>()>;
+    std::function<absl::StatusOr<std::unique_ptr<delivery::WeightStream>>(
+        CallObserver* observer)>;
 
 // A reactor that runs `open` on `workers` under `client`, then streams what
 // it opened (or finishes with its error). If the caller is gone
 // (`cancelled`) before a worker takes it, `open` does not run; if the
 // client's queue is full, the reactor finishes at once with `queue_full`.
-// gRPC owns the reactor; it deletes itself when done. `workers` must
-// outlive the gRPC server.
+// The stream, its chunks and its end are reported to `observer`. gRPC owns
+// the reactor; it deletes itself when done. `workers` must outlive the
+// gRPC server.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
     ThreadPool* workers, std::string client, OpenStream open,
-    std::function<bool()> cancelled, absl::Status queue_full);
+    std::function<bool()> cancelled, absl::Status queue_full,
+    CallObserver observer);
 
 // A reactor that finishes at once with `status` (e.g. unauthenticated).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(
-    const absl::Status& status);
+    const absl::Status& status, CallObserver observer);
 
 // `chunk` as the wire bytes of a v1::WeightChunk. Pieces of at least
 // kMinZeroCopyBytes become slices that reference their memory (and hold

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
 #include "server/service/attach_reactor.h"
+#include "server/service/call_observer.h"
 #include "server/service/fetch_reactor.h"
 #include "server/service/raw_message.h"
 #include "server/service/status.h"
@@ -35,12 +36,12 @@ absl::Status QueueFull(const std::string& client, const ThreadPool& workers) {
 }
 
 // Parses the request, runs `call` unless the caller has gone already, and
-// serializes its answer.
+// serializes its answer, telling `observer` what the call was about.
 template <typename Request, typename Call>
 absl::Status RunUnary(const grpc::ByteBuffer& raw_request,
                       grpc::ByteBuffer* raw_response,
                       const engine::Caller& caller, const Cancelled& cancelled,
-                      const Call& call) {
+                      CallObserver* observer, const Call& call) {
   if (cancelled()) {
     return absl::CancelledError(
         "the call was cancelled, or its deadline passed, before a worker "
@@ -48,9 +49,12 @@ absl::Status RunUnary(const grpc::ByteBuffer& raw_request,
   }
   Request request;
   RETURN_IF_ERROR(ParseMessage(raw_request, &request));
+  observer->SetRequest(request);
   auto result = call(caller, request, cancelled);
   if (!result.ok()) return result.status();
-  return SerializeMessage(*result, raw_response);
+  RETURN_IF_ERROR(SerializeMessage(*result, raw_response));
+  observer->SetResponse(*result, raw_response->Length());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -58,34 +62,39 @@ absl::Status RunUnary(const grpc::ByteBuffer& raw_request,
 MaterializerService::MaterializerService(engine::Engine* engine,
                                          ThreadPool* workers,
                                          const Authenticator* authenticator,
-                                         registry::SessionTable* sessions)
+                                         registry::SessionTable* sessions,
+                                         metrics::Metrics* metrics)
     : engine_(engine),
       workers_(workers),
       authenticator_(authenticator),
-      sessions_(sessions) {}
+      sessions_(sessions),
+      metrics_(metrics) {}
 
 template <typename Request, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
     const char* method, grpc::CallbackServerContext* context,
     const Raw* request, Raw* response, Call call) {
   Reactor* reactor = context->DefaultReactor();
+  CallObserver observer(metrics_, *context, method);
+  observer.SetRequestBytes(request->Length());
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) {
-    reactor->Finish(EndCall(method, caller.status()));
+    reactor->Finish(observer.End(caller.status()));
     return reactor;
   }
+  observer.SetCaller(*caller);
   const std::string client = caller->identity;
-  // gRPC keeps `request`, `response` and `context` until Finish.
-  auto work = [method, reactor, request, response,
+  // gRPC keeps `request`, `response` and `context` until Finish. The work
+  // has its own copy of the observer; ours reports a full queue.
+  auto work = [reactor, request, response, observer,
                cancelled = CancelledBy(context), call = std::move(call),
-               caller = std::move(*caller)] {
-    reactor->Finish(EndCall(
-        method,
-        RunUnary<Request>(*request, response, caller, cancelled, call)));
+               caller = std::move(*caller)]() mutable {
+    reactor->Finish(observer.End(RunUnary<Request>(
+        *request, response, caller, cancelled, &observer, call)));
   };
   if (!workers_->TrySchedule(client, std::move(work))) {
-    reactor->Finish(EndCall(method, QueueFull(client, *workers_)));
+    reactor->Finish(observer.End(QueueFull(client, *workers_)));
   }
   return reactor;
 }
@@ -123,20 +132,26 @@ grpc::ServerUnaryReactor* MaterializerService::Describe(
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
     grpc::CallbackServerContext* context, const Raw* raw) {
+  CallObserver observer(metrics_, *context, "FetchWeights");
+  observer.SetRequestBytes(raw->Length());
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
-  if (!caller.ok()) return RefuseFetch(caller.status());
+  if (!caller.ok()) return RefuseFetch(caller.status(), std::move(observer));
+  observer.SetCaller(*caller);
   const std::string client = caller->identity;
   Cancelled cancelled = CancelledBy(context);
   return StartFetch(
       workers_, client,
-      [this, raw, cancelled, caller = std::move(*caller)]()
+      [this, raw, cancelled, caller = std::move(*caller)](
+          CallObserver* observer)
           -> absl::StatusOr<std::unique_ptr<delivery::WeightStream>> {
         v1::FetchRequest request;
         RETURN_IF_ERROR(ParseMessage(*raw, &request));
+        observer->SetRequest(request);
         return engine_->OpenFetch(caller, request, cancelled);
       },
-      cancelled, QueueFull(client, *workers_));
+      cancelled,
+      QueueFull(client, *workers_), std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
@@ -197,10 +212,13 @@ grpc::ServerUnaryReactor* MaterializerService::GetStats(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 MaterializerService::Attach(grpc::CallbackServerContext* context) {
+  CallObserver observer(metrics_, *context, "Attach");
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
-  if (!caller.ok()) return RefuseAttach(caller.status());
-  return StartAttach(sessions_, workers_, std::move(*caller));
+  if (!caller.ok()) return RefuseAttach(caller.status(), std::move(observer));
+  observer.SetCaller(*caller);
+  return StartAttach(sessions_, workers_, std::move(*caller),
+                     std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Renew(

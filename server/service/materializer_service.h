@@ -21,6 +21,7 @@
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
+#include "server/metrics/metrics.h"
 #include "server/registry/session.h"
 #include "server/service/auth.h"
 
@@ -58,14 +59,17 @@ using RawMaterializerService =
                      v1::Materializer::WithRawCallbackMethod_ExportHandle,
                      v1::Materializer::WithRawCallbackMethod_CloseExport>::type;
 
-// Thread-safe. The engine, worker pool, authenticator and sessions must
-// outlive the gRPC server that serves this service.
+// Thread-safe. The engine, worker pool, authenticator, sessions and
+// metrics must outlive the gRPC server that serves this service. Every
+// call is logged and counted through a CallObserver (call_observer.h).
 class MaterializerService final : public RawMaterializerService {
  public:
-  // `sessions` may be null (no sessions).
+  // `sessions` may be null (no sessions), and `metrics` (calls are then
+  // only logged).
   MaterializerService(engine::Engine* engine, ThreadPool* workers,
                       const Authenticator* authenticator,
-                      registry::SessionTable* sessions);
+                      registry::SessionTable* sessions,
+                      metrics::Metrics* metrics = nullptr);
 
   using Reactor = grpc::ServerUnaryReactor;
   using Raw = grpc::ByteBuffer;
@@ -107,6 +111,7 @@ class MaterializerService final : public RawMaterializerService {
   ThreadPool* const workers_;
   const Authenticator* const authenticator_;
   registry::SessionTable* const sessions_;
+  metrics::Metrics* const metrics_;
 };
 
 }  // namespace materializer::service

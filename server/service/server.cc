@@ -18,6 +18,14 @@
 #include "server/common/thread_pool.h"
 #include "server/common/units.h"
 #include "server/engine/engine.h"
+#include "server/memory/caching_allocator.h"
+#include "server/memory/fake_gpu_driver.h"
+#include "server/memory/gpu_driver.h"
+#include "server/memory/gpu_report.h"
+#include "server/memory/nvml_driver.h"
+#include "server/metrics/metrics.h"
+#include "server/metrics/metrics_server.h"
+#include "server/metrics/session_reporter.h"
 #include "server/registry/registry.h"
 #include "server/registry/session.h"
 #include "server/service/auth.h"
@@ -60,7 +68,38 @@ absl::StatusOr<memory::QuotaBook> LoadQuotas(const ServerOptions& options) {
   return book;
 }
 
+// The GPU driver the server watches: the fake a test asked for, else NVML
+// if this host has it and the pool has a CUDA device, else none.
+absl::StatusOr<std::unique_ptr<memory::GpuDriver>> OpenGpuDriver(
+    const ServerOptions& options,
+    const std::vector<memory::DeviceConfig>& devices) {
+  if (!options.fake_gpu_driver_file.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<memory::FakeGpuDriver> fake,
+                     memory::FakeGpuDriver::FromFile(
+                         options.fake_gpu_driver_file));
+    return std::unique_ptr<memory::GpuDriver>(std::move(fake));
+  }
+  if (std::none_of(devices.begin(), devices.end(),
+                   [](const memory::DeviceConfig& d) {
+                     return d.kind == memory::DeviceKind::kCuda;
+                   })) {
+    return std::unique_ptr<memory::GpuDriver>();
+  }
+  absl::StatusOr<std::unique_ptr<memory::GpuDriver>> nvml = memory::LoadNvml();
+  if (!nvml.ok()) {
+    MLOG(WARNING) << "GPU driver figures unavailable (" << nvml.status()
+                  << "): admission uses the ledger alone and GetStats "
+                     "reports no driver memory";
+    return std::unique_ptr<memory::GpuDriver>();
+  }
+  return nvml;
+}
+
 }  // namespace
+
+std::string Server::metrics_address() const {
+  return metrics_server_ != nullptr ? metrics_server_->address() : "";
+}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {
@@ -79,13 +118,41 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   ASSIGN_OR_RETURN(std::vector<memory::DeviceConfig> devices,
                    memory::ConfigureDevices(options.pool));
   ASSIGN_OR_RETURN(memory::QuotaBook quotas, LoadQuotas(options));
+  absl::StatusOr<uint64_t> headroom = ParseBytes(options.gpu_free_headroom);
+  if (!headroom.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu free headroom: ", headroom.status().message()));
+  }
 
   std::unique_ptr<Server> server(new Server());
-  ASSIGN_OR_RETURN(server->pool_,
-                   memory::DevicePool::Create(devices, std::move(quotas)));
+  ASSIGN_OR_RETURN(server->gpu_driver_, OpenGpuDriver(options, devices));
+  if (server->gpu_driver_ != nullptr) {
+    memory::GpuReporter::Options report;
+    report.caching_allocator_bytes = [](const memory::DeviceConfig& device) {
+      return device.kind == memory::DeviceKind::kCuda
+                 ? memory::CachingAllocatorReservedBytes(device.ordinal)
+                 : uint64_t{0};
+    };
+    server->gpu_reporter_ = std::make_unique<memory::GpuReporter>(
+        server->gpu_driver_.get(), std::move(report));
+  }
+  ASSIGN_OR_RETURN(
+      server->pool_,
+      memory::DevicePool::Create(
+          devices, std::move(quotas),
+          memory::DriverAdmission{server->gpu_driver_.get(), *headroom}));
   server->registry_ = std::make_unique<registry::HandleRegistry>();
+  metrics::StateSources sources;
+  sources.pool = server->pool_.get();
+  sources.registry = server->registry_.get();
+  sources.gpu = server->gpu_reporter_.get();
+  sources.client_labels = options.metrics_client_labels;
+  server->metrics_ = std::make_unique<metrics::Metrics>(sources);
+  server->session_reporter_ =
+      std::make_unique<metrics::SessionReporter>(server->metrics_.get());
   server->sessions_ = std::make_unique<registry::SessionTable>(
-      server->registry_.get(), options.session_grace);
+      server->registry_.get(), options.session_grace,
+      server->session_reporter_.get());
   server->authenticator_ = std::move(authenticator);
   if (options.client_workers < 0 || options.client_queue < 1) {
     return absl::InvalidArgumentError(
@@ -103,12 +170,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   engine::EngineOptions engine_options;
   engine_options.sessions = server->sessions_.get();
   engine_options.default_ttl = options.default_ttl;
+  engine_options.metrics = server->metrics_.get();
+  engine_options.gpu = server->gpu_reporter_.get();
   server->engine_ = std::make_unique<engine::Engine>(
       server->pool_.get(), server->registry_.get(), server->workers_.get(),
       engine_options);
   server->service_ = std::make_unique<MaterializerService>(
       server->engine_.get(), server->workers_.get(),
-      server->authenticator_.get(), server->sessions_.get());
+      server->authenticator_.get(), server->sessions_.get(),
+      server->metrics_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -154,6 +224,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     MLOG(INFO) << "health checks (plaintext, grpc.health.v1 only) on "
                << server->health_listener_->address();
   }
+  if (!options.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(server->metrics_server_,
+                     metrics::MetricsServer::Start(options.metrics_listen,
+                                                   server->metrics_.get()));
+    MLOG(INFO) << "metrics on http://" << server->metrics_server_->address()
+               << "/metrics";
+  }
+  if (server->gpu_driver_ != nullptr) {
+    MLOG(INFO) << "GPU memory as the driver sees it: "
+               << server->gpu_driver_->Describe() << "; admission leaves "
+               << FormatBytes(*headroom) << " of its free memory as headroom";
+  }
 
   std::vector<std::string> summary;
   for (const memory::DeviceConfig& device : devices) {
@@ -190,12 +272,15 @@ void Server::ReapLoop(absl::Duration interval) {
       }
     }
     const absl::Time now = absl::Now();
-    if (int ended = sessions_->Reap(now); ended > 0) {
-      MLOG(INFO) << "ended " << ended
-                 << " session(s) past their grace period";
-    }
-    for (const std::string& id : registry_->ReleaseExpired(now)) {
-      MLOG(INFO) << "released " << id << ": its lease lapsed";
+    sessions_->Reap(now);  // each end is logged by the session reporter
+    const absl::Time start = absl::Now();
+    std::vector<std::string> expired = registry_->ReleaseExpired(now);
+    if (!expired.empty()) {
+      const absl::Duration cleanup = absl::Now() - start;
+      metrics_->RecordLeaseExpiry(cleanup, expired.size());
+      MLOG_EVENT(INFO, "lease_expired")
+          .List("handles", expired)
+          .Millis("cleanup_ms", cleanup);
     }
   }
 }

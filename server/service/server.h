@@ -35,6 +35,15 @@ namespace registry {
 class HandleRegistry;
 class SessionTable;
 }
+namespace memory {
+class GpuDriver;
+class GpuReporter;
+}
+namespace metrics {
+class Metrics;
+class MetricsServer;
+class SessionReporter;
+}
 namespace service {
 class HealthListener;
 class MaterializerService;
@@ -76,6 +85,17 @@ struct ServerOptions {
   absl::Duration default_ttl = absl::Hours(1);
   // How often ended sessions and lapsed leases are reaped.
   absl::Duration reap_interval = absl::Milliseconds(200);
+  // Observability (docs/operations.md). Prometheus metrics over HTTP on
+  // this host:port (port 0 picks one); empty: not served.
+  std::string metrics_listen;
+  // Clients named in per-client metrics (the rest: "(other)").
+  int metrics_client_labels = 20;
+  // GPU memory admission leaves this much of the driver's free memory
+  // alone (a size such as "256MiB").
+  std::string gpu_free_headroom = "256MiB";
+  // Testing: a fake GPU driver (memory/fake_gpu_driver.h file format)
+  // instead of NVML, e.g. to stand behind virtual CPU devices.
+  std::string fake_gpu_driver_file;
 };
 
 // Thread-safe.
@@ -93,6 +113,8 @@ class Server {
   int port() const { return port_; }
   // The health listener's bound address; empty without health_listen.
   std::string health_address() const;
+  // Where /metrics is served ("" when it is not).
+  std::string metrics_address() const;
 
   memory::DevicePool& pool() { return *pool_; }
   registry::HandleRegistry& registry() { return *registry_; }
@@ -112,8 +134,14 @@ class Server {
   // Declaration order is teardown order reversed: the gRPC server goes
   // first, then the workers (draining async work), then the engine and the
   // state it uses.
+  // The GPU driver (NVML, a fake, or none) and its reporter come first:
+  // the pool, the engine and the metrics read them until the end.
+  std::unique_ptr<memory::GpuDriver> gpu_driver_;
+  std::unique_ptr<memory::GpuReporter> gpu_reporter_;
   std::unique_ptr<memory::DevicePool> pool_;
   std::unique_ptr<registry::HandleRegistry> registry_;
+  std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<metrics::SessionReporter> session_reporter_;
   std::unique_ptr<registry::SessionTable> sessions_;
   std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<engine::Engine> engine_;
@@ -122,6 +150,7 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   // Goes NOT_SERVING when a shutdown begins, closes after the drain.
   std::unique_ptr<HealthListener> health_listener_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
   // Releases handles of ended sessions and lapsed leases.
   std::thread reaper_;
 

@@ -1,0 +1,102 @@
+#ifndef MATERIALIZER_SERVER_METRICS_METRICS_H_
+#define MATERIALIZER_SERVER_METRICS_METRICS_H_
+
+// The server's Prometheus metrics: one object, made by the server and
+// handed to the parts that record into it (the service for RPCs and
+// fetches, the engine for materializations and exports, the session
+// observer, the reaper). Figures that the server already keeps (the
+// ledger, handle states, the GPU driver's view) are not duplicated into
+// counters: they are read from their owners at scrape time.
+//
+//   Metrics metrics({.pool = pool, .registry = registry, .gpu = reporter});
+//   metrics.RecordRpc("Plan", absl::StatusCode::kOk, absl::Milliseconds(3));
+//   std::string text = metrics.TextFormat();   // what /metrics serves
+//   (metrics_server.h serves it over HTTP)
+//
+// docs/operations.md lists every metric with its labels. Recording is cheap
+// (atomic adds; a histogram takes a short lock) and never blocks on a
+// scrape. This header deliberately includes nothing from prometheus-cpp.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace materializer {
+namespace memory {
+class DevicePool;
+class GpuReporter;
+}  // namespace memory
+namespace registry {
+class HandleRegistry;
+}  // namespace registry
+namespace v1 {
+class PhaseTimings;
+}  // namespace v1
+
+namespace metrics {
+
+// Per-client series get their own `client` label for this many clients
+// (those holding the most bytes); the rest are summed under "(other)".
+inline constexpr int kDefaultClientLabels = 20;
+
+// Where scrape-time figures come from. Each may be null (then its metrics
+// are absent); each must outlive the Metrics.
+struct StateSources {
+  const memory::DevicePool* pool = nullptr;
+  const registry::HandleRegistry* registry = nullptr;
+  const memory::GpuReporter* gpu = nullptr;
+  int client_labels = kDefaultClientLabels;
+};
+
+// Thread-safe.
+class Metrics {
+ public:
+  explicit Metrics(StateSources sources = StateSources());
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // One finished RPC: `method` is the bare method name ("Plan").
+  void RecordRpc(absl::string_view method, absl::StatusCode code,
+                 absl::Duration latency);
+
+  // One finished materialization (sync or async): its phase timings, its
+  // RNG mode ("portable", "torch") and the tensor bytes it initialized.
+  void RecordMaterialize(const v1::PhaseTimings& timings,
+                         absl::string_view rng, uint64_t tensor_bytes);
+
+  // A fetch stream opened (at offset 0, or resumed at a later offset), and
+  // its bytes as they are sent.
+  void RecordFetchStart(bool resumed);
+  void AddFetchBytes(uint64_t bytes);
+
+  // An export opened ("shared_memory" or "cuda_ipc") or closed.
+  void RecordExportOpened(absl::string_view kind);
+  void RecordExportClosed();
+
+  // Sessions: opened (or resumed), and ended after their grace period,
+  // with how long releasing their handles took and how long after the
+  // stream ended that was done.
+  void RecordSessionOpened(bool resumed);
+  void RecordSessionEnded(absl::Duration cleanup, absl::Duration since_detach,
+                          size_t handles);
+
+  // The reaper released `handles` handles whose lease lapsed, in `cleanup`.
+  void RecordLeaseExpiry(absl::Duration cleanup, size_t handles);
+
+  // Every metric in the Prometheus text format, as a scrape sees it.
+  std::string TextFormat() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace metrics
+}  // namespace materializer
+
+#endif  // MATERIALIZER_SERVER_METRICS_METRICS_H_
