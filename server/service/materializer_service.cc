@@ -6,6 +6,7 @@
 #include "server/common/log.h"
 #include "server/service/attach_reactor.h"
 #include "server/service/fetch_reactor.h"
+#include "server/service/server_info.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
@@ -13,11 +14,15 @@ namespace materializer::service {
 MaterializerService::MaterializerService(engine::Engine* engine,
                                          ThreadPool* workers,
                                          const Authenticator* authenticator,
-                                         registry::SessionTable* sessions)
+                                         registry::SessionTable* sessions,
+                                         std::string replica,
+                                         std::string advertised_address)
     : engine_(engine),
       workers_(workers),
       authenticator_(authenticator),
-      sessions_(sessions) {}
+      sessions_(sessions),
+      replica_(std::move(replica)),
+      advertised_address_(std::move(advertised_address)) {}
 
 template <typename Response, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
@@ -159,6 +164,17 @@ grpc::ServerUnaryReactor* MaterializerService::Renew(
   return Unary(context, response, /*offload=*/false,
                [this, request](const engine::Caller& caller) {
                  return engine_->Renew(caller, *request);
+               });
+}
+
+grpc::ServerUnaryReactor* MaterializerService::GetServerInfo(
+    grpc::CallbackServerContext* context,
+    const v1::GetServerInfoRequest* /*request*/, v1::ServerInfo* response) {
+  return Unary(context, response, /*offload=*/false,
+               [this](const engine::Caller& caller)
+                   -> absl::StatusOr<v1::ServerInfo> {
+                 return ServerInfoFromStats(replica_, advertised_address_,
+                                            engine_->GetStats(caller));
                });
 }
 

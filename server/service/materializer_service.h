@@ -6,6 +6,8 @@
 // finishes; no business logic lives here. Calls that can take long (Plan,
 // Materialize) run on the worker pool so gRPC's callback threads stay free.
 
+#include <string>
+
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
@@ -25,9 +27,13 @@ class MaterializerService final
  public:
   // All must outlive the gRPC server that serves this service; `sessions`
   // may be null (no sessions).
+  // `replica` and `advertised_address` are what GetServerInfo reports
+  // (server_info.h).
   MaterializerService(engine::Engine* engine, ThreadPool* workers,
                       const Authenticator* authenticator,
-                      registry::SessionTable* sessions);
+                      registry::SessionTable* sessions,
+                      std::string replica = "",
+                      std::string advertised_address = "");
 
   grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
                                  const v1::PlanRequest* request,
@@ -67,6 +73,10 @@ class MaterializerService final
   grpc::ServerUnaryReactor* Renew(grpc::CallbackServerContext* context,
                                   const v1::RenewRequest* request,
                                   v1::RenewResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(
+      grpc::CallbackServerContext* context,
+      const v1::GetServerInfoRequest* request,
+      v1::ServerInfo* response) override;
 
  private:
   // Authenticates, then runs `call(caller)` -> StatusOr<Response> inline or
@@ -80,6 +90,8 @@ class MaterializerService final
   ThreadPool* const workers_;
   const Authenticator* const authenticator_;
   registry::SessionTable* const sessions_;
+  const std::string replica_;
+  const std::string advertised_address_;
 };
 
 }  // namespace materializer::service

@@ -1,5 +1,7 @@
 #include "server/service/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -22,6 +24,7 @@
 #include "server/registry/session.h"
 #include "server/service/auth.h"
 #include "server/service/materializer_service.h"
+#include "server/service/server_info.h"
 
 namespace materializer::service {
 
@@ -75,6 +78,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         "pass --allow_insecure_remote where every peer that can reach the "
         "port is trusted"));
   }
+  char hostname[256] = {};
+  ::gethostname(hostname, sizeof(hostname) - 1);
+  ASSIGN_OR_RETURN(std::string replica,
+                   ReplicaNameFor(options.replica, options.advertise, hostname));
   ASSIGN_OR_RETURN(std::vector<memory::DeviceConfig> devices,
                    memory::ConfigureDevices(options.pool));
   ASSIGN_OR_RETURN(memory::QuotaBook quotas, LoadQuotas(options));
@@ -82,7 +89,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   std::unique_ptr<Server> server(new Server());
   ASSIGN_OR_RETURN(server->pool_,
                    memory::DevicePool::Create(devices, std::move(quotas)));
-  server->registry_ = std::make_unique<registry::HandleRegistry>();
+  server->replica_ = replica;
+  server->registry_ = std::make_unique<registry::HandleRegistry>(replica);
   server->sessions_ = std::make_unique<registry::SessionTable>(
       server->registry_.get(), options.session_grace);
   server->authenticator_ = std::move(authenticator);
@@ -99,7 +107,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       engine_options);
   server->service_ = std::make_unique<MaterializerService>(
       server->engine_.get(), server->workers_.get(),
-      server->authenticator_.get(), server->sessions_.get());
+      server->authenticator_.get(), server->sessions_.get(), replica,
+      options.advertise);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -148,6 +157,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   MLOG(INFO) << "serving " << kServiceName << " on " << server->address_
              << " with devices " << absl::StrJoin(summary, ", ") << ", "
              << workers << " workers";
+  if (!replica.empty()) {
+    MLOG(INFO) << "replica \"" << replica << "\""
+               << (options.advertise.empty()
+                       ? std::string()
+                       : absl::StrCat(", advertised as ", options.advertise))
+               << ": handle ids end with @" << replica;
+  }
   if (server->authenticator_->insecure()) {
     MLOG(WARNING) << server->authenticator_->Describe();
   } else {
