@@ -458,8 +458,8 @@ absl::Status RunRelease(Client& client, const Invocation& invocation) {
 }
 
 absl::Status RunList(Client& client, const Invocation& invocation) {
-  ASSIGN_OR_RETURN(const v1::ListHandlesResponse response,
-                   client.ListHandles());
+  ASSIGN_OR_RETURN(const HandleList list, client.ListHandles());
+  const v1::ListHandlesResponse& response = list.handles;
   if (invocation.output == OutputMode::kJson) {
     return PrintJson(response);
   }
@@ -485,7 +485,8 @@ absl::Status RunList(Client& client, const Invocation& invocation) {
 }
 
 absl::Status RunStats(Client& client, const Invocation& invocation) {
-  ASSIGN_OR_RETURN(const v1::GetStatsResponse stats, client.GetStats());
+  ASSIGN_OR_RETURN(const auto each, client.GetStats());
+  ASSIGN_OR_RETURN(const v1::GetStatsResponse stats, each.front().result);
   if (invocation.output == OutputMode::kJson) {
     return PrintJson(stats);
   }
@@ -559,9 +560,10 @@ absl::Status RunSession(Client& client, const Invocation& invocation) {
   if (invocation.flags_given.count("label") > 0) {
     request.set_label(absl::GetFlag(FLAGS_label));
   }
-  ASSIGN_OR_RETURN(const std::string session, client.SessionId());
   ASSIGN_OR_RETURN(const v1::MaterializeResponse response,
                    client.Materialize(request));
+  ASSIGN_OR_RETURN(const std::string session,
+                   client.SessionIdOf(response.handle()));
   if (invocation.output == OutputMode::kJson) {
     std::cout << "{\"session\": " << JsonQuote(session)
               << ", \"handle\": " << JsonQuote(response.handle()) << "}"
@@ -605,7 +607,8 @@ absl::Status RunRenew(Client& client, const Invocation& invocation) {
 }
 
 absl::Status RunHealth(Client& client, const Invocation& invocation) {
-  ASSIGN_OR_RETURN(const std::string status, client.Health());
+  ASSIGN_OR_RETURN(const auto each, client.Health());
+  ASSIGN_OR_RETURN(const std::string status, each.front().result);
   if (invocation.output == OutputMode::kJson) {
     std::cout << "{\"status\": " << JsonQuote(status) << "}\n";
   } else {
