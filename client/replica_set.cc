@@ -229,6 +229,23 @@ std::string ReplicaSet::Summary(const std::vector<Discovered>& discovered) {
   return summary;
 }
 
+namespace {
+
+// The first refusal of our credentials among the answers, if any: then the
+// credentials are the problem, not the replicas.
+absl::Status Refusal(const std::vector<Discovered>& found) {
+  for (const Discovered& entry : found) {
+    const absl::StatusCode code = entry.status.code();
+    if (code == absl::StatusCode::kUnauthenticated ||
+        code == absl::StatusCode::kPermissionDenied) {
+      return entry.status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::shared_ptr<Replica>>> ReplicaSet::ForId(
     absl::string_view id) {
   Resolve();
@@ -254,6 +271,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Replica>>> ReplicaSet::ForId(
     }
   }
   if (!candidates.empty()) return candidates;
+  RETURN_IF_ERROR(Refusal(found));
   if (name.empty()) {
     return absl::UnavailableError(absl::StrCat(
         "no replica at ", target_, " answered: ", Summary(found)));
@@ -286,6 +304,7 @@ absl::StatusOr<std::shared_ptr<Replica>> ReplicaSet::ForPlacement(
     replicas.push_back(entry.replica);
   }
   if (replicas.empty()) {
+    RETURN_IF_ERROR(Refusal(found));
     return absl::UnavailableError(absl::StrCat(
         "no replica at ", target_, " answered: ", Summary(found)));
   }
