@@ -12,10 +12,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/session.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "client/session.h"
 #include "server/common/status_macros.h"
 
 namespace materializer::client {
@@ -37,10 +37,10 @@ absl::Status ValidateOptions(const ClientOptions& options) {
   }
   if (options.timeout <= absl::ZeroDuration() ||
       options.fetch_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.timeout and fetch_timeout must be positive, got ",
-                     absl::FormatDuration(options.timeout), " and ",
-                     absl::FormatDuration(options.fetch_timeout)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.timeout and fetch_timeout must be positive, got ",
+        absl::FormatDuration(options.timeout), " and ",
+        absl::FormatDuration(options.fetch_timeout)));
   }
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -152,10 +152,9 @@ absl::Status HashPrefix(int fd, uint64_t length, const std::string& path,
                         delivery::Hasher* hasher) {
   std::string buffer(std::min<uint64_t>(length, 8 << 20), '\0');
   for (uint64_t done = 0; done < length;) {
-    const ssize_t n =
-        ::pread(fd, buffer.data(),
-                std::min<uint64_t>(buffer.size(), length - done),
-                static_cast<off_t>(done));
+    const ssize_t n = ::pread(fd, buffer.data(),
+                              std::min<uint64_t>(buffer.size(), length - done),
+                              static_cast<off_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return absl::ErrnoToStatus(errno, absl::StrCat("reading ", path));
@@ -172,12 +171,9 @@ absl::Status HashPrefix(int fd, uint64_t length, const std::string& path,
 
 // The body of FetchToFile once `partial` is open as `file`: fetch, check,
 // fsync, rename.
-absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
-                                             const std::string& handle,
-                                             const std::string& path,
-                                             const std::string& partial,
-                                             File& file,
-                                             const FetchFileOptions& options) {
+absl::StatusOr<FetchResult> FetchIntoPartial(
+    Client& client, const std::string& handle, const std::string& path,
+    const std::string& partial, File& file, const FetchFileOptions& options) {
   uint64_t start = 0;
   delivery::Hasher prefix;
   if (options.resume) {
@@ -194,8 +190,10 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
   request.set_chunk_bytes(options.chunk_bytes);
   request.set_include_non_persistent(options.include_non_persistent);
   request.set_write_ties_once(options.write_ties_once);
-  for (const std::string& pattern : options.include) request.add_include(pattern);
-  for (const std::string& pattern : options.exclude) request.add_exclude(pattern);
+  for (const std::string& pattern : options.include)
+    request.add_include(pattern);
+  for (const std::string& pattern : options.exclude)
+    request.add_exclude(pattern);
 
   bool started = false;
   absl::StatusOr<FetchResult> total = client.Fetch(
@@ -219,9 +217,9 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
         absl::StrContains(total.status().message(), "the file's digest is")) {
       // Some byte on disk is wrong: a resume from it cannot succeed.
       ::unlink(partial.c_str());
-      return absl::DataLossError(absl::StrCat(
-          total.status().message(), "; removed ", partial,
-          ", fetch again from the start"));
+      return absl::DataLossError(absl::StrCat(total.status().message(),
+                                              "; removed ", partial,
+                                              ", fetch again from the start"));
     }
     if (start > 0 && total.status().code() == absl::StatusCode::kOutOfRange) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -237,10 +235,9 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
   if (size != total->total_bytes) {
     // The stream was checked to end exactly at total_bytes, so this means
     // something else wrote to the .partial file meanwhile.
-    return absl::DataLossError(absl::StrCat(partial, " holds ", size,
-                                            " bytes, but the file of ", handle,
-                                            " is ", total->total_bytes,
-                                            " bytes"));
+    return absl::DataLossError(
+        absl::StrCat(partial, " holds ", size, " bytes, but the file of ",
+                     handle, " is ", total->total_bytes, " bytes"));
   }
   if (::fsync(file.fd()) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", partial));
@@ -348,8 +345,7 @@ absl::StatusOr<Response> Client::CallOn(Replica& replica, const Rpc& rpc) {
 }
 
 template <typename Response, typename Rpc>
-absl::StatusOr<Response> Client::CallFor(absl::string_view id,
-                                         const Rpc& rpc) {
+absl::StatusOr<Response> Client::CallFor(absl::string_view id, const Rpc& rpc) {
   ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Replica>> replicas,
                    replicas_->ForId(id));
   // One replica, unless the id names none and there are several: then the
@@ -377,11 +373,11 @@ absl::StatusOr<Response> Client::CallFor(absl::string_view id,
 template <typename T, typename Call>
 absl::StatusOr<std::vector<FromReplica<T>>> Client::OnEveryReplica(
     const Call& call) {
-  ASSIGN_OR_RETURN(const std::vector<Discovered> found,
-                   replicas_->single()
-                       ? absl::StatusOr<std::vector<Discovered>>(
-                             std::vector<Discovered>{})
-                       : replicas_->Reachable());
+  ASSIGN_OR_RETURN(
+      const std::vector<Discovered> found,
+      replicas_->single()
+          ? absl::StatusOr<std::vector<Discovered>>(std::vector<Discovered>{})
+          : replicas_->Reachable());
   std::vector<std::shared_ptr<Replica>> targets;
   std::vector<FromReplica<T>> results;
   if (replicas_->single()) {
@@ -402,8 +398,7 @@ absl::StatusOr<std::vector<FromReplica<T>>> Client::OnEveryReplica(
     if (targets[i] == nullptr) continue;
     results[i].replica = targets[i]->name();
     results[i].address = targets[i]->address();
-    callers.emplace_back(
-        [&, i] { results[i].result = call(*targets[i]); });
+    callers.emplace_back([&, i] { results[i].result = call(*targets[i]); });
   }
   for (std::thread& caller : callers) caller.join();
   return results;
@@ -434,7 +429,8 @@ absl::StatusOr<v1::MaterializeResponse> Client::Materialize(
   return CallOn<v1::MaterializeResponse>(
       *replica, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
                     v1::MaterializeResponse* response) {
-        if (!session.empty()) context->AddMetadata(kSessionMetadataKey, session);
+        if (!session.empty())
+          context->AddMetadata(kSessionMetadataKey, session);
         return stub.Materialize(context, request, response);
       });
 }
@@ -499,8 +495,7 @@ absl::StatusOr<v1::CloseExportResponse> Client::CloseExport(
   request.set_export_id(std::string(export_id));
   // An export id ends with its handle's id, so it names the same replica.
   return CallFor<v1::CloseExportResponse>(
-      export_id, [&](v1::Materializer::Stub& stub,
-                     grpc::ClientContext* context,
+      export_id, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
                      v1::CloseExportResponse* response) {
         return stub.CloseExport(context, request, response);
       });
@@ -511,9 +506,9 @@ absl::StatusOr<HandleList> Client::ListHandles() {
       std::vector<FromReplica<v1::ListHandlesResponse>> each,
       OnEveryReplica<v1::ListHandlesResponse>([this](Replica& replica) {
         return CallOn<v1::ListHandlesResponse>(
-            replica, [](v1::Materializer::Stub& stub,
-                        grpc::ClientContext* context,
-                        v1::ListHandlesResponse* response) {
+            replica,
+            [](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+               v1::ListHandlesResponse* response) {
               return stub.ListHandles(context, v1::ListHandlesRequest(),
                                       response);
             });
@@ -573,8 +568,7 @@ absl::StatusOr<std::vector<FromReplica<std::string>>> Client::Health() {
 }
 
 absl::StatusOr<std::vector<FromReplica<v1::ServerInfo>>> Client::Replicas() {
-  ASSIGN_OR_RETURN(const std::vector<Discovered> found,
-                   replicas_->Discover());
+  ASSIGN_OR_RETURN(const std::vector<Discovered> found, replicas_->Discover());
   std::vector<FromReplica<v1::ServerInfo>> out;
   for (const Discovered& entry : found) {
     FromReplica<v1::ServerInfo> one;
@@ -687,10 +681,10 @@ absl::StatusOr<FetchResult> Client::FetchFrom(
   if (hasher != nullptr) {
     const std::string computed = delivery::FormatDigest(hasher->Finish());
     if (computed != digest) {
-      return absl::DataLossError(absl::StrCat(
-          "fetch of ", request.handle(), ": the file's digest is ", computed,
-          " but the server's is ", digest,
-          ": some byte was corrupted on the way or on disk"));
+      return absl::DataLossError(
+          absl::StrCat("fetch of ", request.handle(), ": the file's digest is ",
+                       computed, " but the server's is ", digest,
+                       ": some byte was corrupted on the way or on disk"));
     }
     result.verified = true;
   }

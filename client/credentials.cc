@@ -19,14 +19,14 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
                                           absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("cannot read the ", what, " ", path));
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot read the ", what, " ", path));
   }
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("cannot read the ", what, " ", path));
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot read the ", what, " ", path));
   }
   return text.str();
 }
@@ -44,10 +44,10 @@ absl::StatusOr<std::string> ReadPem(const std::string& path,
 }  // namespace
 
 absl::Status ValidateSecurity(const Security& security) {
-  const std::string source = security.token_source.empty()
-                                 ? std::string("the token")
-                                 : absl::StrCat("the token from ",
-                                                security.token_source);
+  const std::string source =
+      security.token_source.empty()
+          ? std::string("the token")
+          : absl::StrCat("the token from ", security.token_source);
   if (!security.token.empty()) {
     if (!security.UsesTls()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -90,8 +90,7 @@ MakeChannelCredentials(const Security& security) {
     ASSIGN_OR_RETURN(ssl.pem_private_key,
                      ReadPem(security.tls_key_file, "client key"));
   }
-  std::shared_ptr<grpc::ChannelCredentials> channel =
-      grpc::SslCredentials(ssl);
+  std::shared_ptr<grpc::ChannelCredentials> channel = grpc::SslCredentials(ssl);
   if (security.token.empty()) return channel;
   return grpc::CompositeChannelCredentials(
       channel, grpc::AccessTokenCredentials(security.token));
@@ -105,9 +104,10 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
         absl::StrCat("the token file ", path, " is empty"));
   }
   if (absl::StrContains(token, '\n')) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the token file ", path, " holds more than one line; it must hold "
-        "only the token"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the token file ", path,
+                     " holds more than one line; it must hold "
+                     "only the token"));
   }
   return std::string(token);
 }
@@ -117,13 +117,12 @@ std::string DescribeSecurity(const Security& security) {
   if (!security.UsesTls()) {
     parts.push_back("plaintext (the server's development mode)");
   } else {
-    parts.push_back(absl::StrCat(
-        "TLS, server checked against ",
-        security.tls_ca_file.empty() ? std::string("the system's roots")
+    parts.push_back(absl::StrCat("TLS, server checked against ",
+                                 security.tls_ca_file.empty()
+                                     ? std::string("the system's roots")
                                      : security.tls_ca_file));
     if (!security.tls_server_name.empty()) {
-      parts.push_back(
-          absl::StrCat("as \"", security.tls_server_name, "\""));
+      parts.push_back(absl::StrCat("as \"", security.tls_server_name, "\""));
     }
     if (!security.tls_cert_file.empty()) {
       parts.push_back(absl::StrCat("client certificate ",
@@ -131,11 +130,11 @@ std::string DescribeSecurity(const Security& security) {
     }
   }
   if (!security.token.empty()) {
-    parts.push_back(absl::StrCat(
-        "bearer token from ",
-        security.token_source.empty() ? std::string("the caller")
-                                      : security.token_source,
-        " (", security.token.size(), " characters)"));
+    parts.push_back(absl::StrCat("bearer token from ",
+                                 security.token_source.empty()
+                                     ? std::string("the caller")
+                                     : security.token_source,
+                                 " (", security.token.size(), " characters)"));
   }
   return absl::StrJoin(parts, ", ");
 }

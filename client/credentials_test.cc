@@ -20,7 +20,8 @@ constexpr char kToken[] = "tok-0123456789abcdef-secret";
 
 std::string TempFile(const std::string& name, const std::string& content) {
   const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  const std::string path =
+      absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
   std::ofstream(path) << content;
   return path;
 }
@@ -91,7 +92,8 @@ TEST(MakeChannelCredentialsTest, ReadsTheFilesAndNamesTheBadOnes) {
 
   Security pem;
   pem.tls_ca_file = TempFile(
-      "ca.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+      "ca.pem",
+      "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
   pem.token = kToken;
   EXPECT_THAT(MakeChannelCredentials(pem).status(), IsOk());
 }
@@ -100,8 +102,9 @@ TEST(ReadTokenFileTest, TrimsTheLineAndNeverQuotesTheContent) {
   EXPECT_THAT(ReadTokenFile(TempFile("token", absl::StrCat(kToken, "\n"))),
               ::testing::Property(&absl::StatusOr<std::string>::value,
                                   std::string(kToken)));
-  EXPECT_THAT(ReadTokenFile(TempFile("empty", " \n")).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is empty")));
+  EXPECT_THAT(
+      ReadTokenFile(TempFile("empty", " \n")).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is empty")));
   EXPECT_THAT(
       ReadTokenFile(TempFile("two", absl::StrCat(kToken, "\nsecond-line\n")))
           .status(),

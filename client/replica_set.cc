@@ -71,8 +71,8 @@ void ReplicaSet::Resolve() {
   resolved_ = true;
   single_ = !several;
   if (single_) {
-    only_ = std::make_shared<Replica>("", target_, std::move(channel),
-                                      prepare_);
+    only_ =
+        std::make_shared<Replica>("", target_, std::move(channel), prepare_);
   }
 }
 
@@ -84,7 +84,8 @@ bool ReplicaSet::single() {
 
 std::shared_ptr<grpc::Channel> ReplicaSet::ChannelFor(
     const Endpoint& endpoint) {
-  const std::string key = absl::StrCat(endpoint.address, "|", endpoint.tls_name);
+  const std::string key =
+      absl::StrCat(endpoint.address, "|", endpoint.tls_name);
   {
     absl::MutexLock lock(&mu_);
     auto it = channels_.find(key);
@@ -99,10 +100,10 @@ std::shared_ptr<Replica> ReplicaSet::Adopt(const v1::ServerInfo& info,
                                            const Endpoint& endpoint) {
   // A named replica is dialed at the address it advertises, which stays
   // valid when it restarts elsewhere; otherwise where it was found.
-  const Endpoint dial = !info.replica().empty() &&
-                                !info.advertised_address().empty()
-                            ? Endpoint{info.advertised_address(), ""}
-                            : endpoint;
+  const Endpoint dial =
+      !info.replica().empty() && !info.advertised_address().empty()
+          ? Endpoint{info.advertised_address(), ""}
+          : endpoint;
   {
     absl::MutexLock lock(&mu_);
     auto& table = info.replica().empty() ? unnamed_ : by_name_;
@@ -209,23 +210,22 @@ std::string ReplicaSet::Summary(const std::vector<Discovered>& discovered) {
   std::vector<std::string> silent;
   for (const Discovered& entry : discovered) {
     if (entry.replica != nullptr) {
-      answered.push_back(entry.replica->name().empty()
-                             ? absl::StrCat("an unnamed server at ",
-                                            entry.address)
-                             : absl::StrCat(entry.replica->name(), " at ",
-                                            entry.address));
+      answered.push_back(
+          entry.replica->name().empty()
+              ? absl::StrCat("an unnamed server at ", entry.address)
+              : absl::StrCat(entry.replica->name(), " at ", entry.address));
     } else {
-      silent.push_back(
-          entry.address.empty()
-              ? std::string(entry.status.message())
-              : absl::StrCat(entry.address, " did not answer (",
-                             entry.status.message(), ")"));
+      silent.push_back(entry.address.empty()
+                           ? std::string(entry.status.message())
+                           : absl::StrCat(entry.address, " did not answer (",
+                                          entry.status.message(), ")"));
     }
   }
   std::string summary =
       answered.empty() ? std::string("no replica answered")
                        : absl::StrCat("found ", absl::StrJoin(answered, ", "));
-  if (!silent.empty()) absl::StrAppend(&summary, "; ", absl::StrJoin(silent, "; "));
+  if (!silent.empty())
+    absl::StrAppend(&summary, "; ", absl::StrJoin(silent, "; "));
   return summary;
 }
 
@@ -273,19 +273,21 @@ absl::StatusOr<std::vector<std::shared_ptr<Replica>>> ReplicaSet::ForId(
   if (!candidates.empty()) return candidates;
   RETURN_IF_ERROR(Refusal(found));
   if (name.empty()) {
-    return absl::UnavailableError(absl::StrCat(
-        "no replica at ", target_, " answered: ", Summary(found)));
+    return absl::UnavailableError(
+        absl::StrCat("no replica at ", target_, " answered: ", Summary(found)));
   }
-  const std::string why = absl::StrCat(
-      "\"", id, "\" is held by replica ", name, ", which is not among the "
-      "replicas at ", target_, " (", Summary(found), ")");
+  const std::string why = absl::StrCat("\"", id, "\" is held by replica ", name,
+                                       ", which is not among the "
+                                       "replicas at ",
+                                       target_, " (", Summary(found), ")");
   if (all_answered) {
     return absl::NotFoundError(
-        absl::StrCat(why, ": the replica has gone away, and its handles "
-                          "with it"));
+        absl::StrCat(why,
+                     ": the replica has gone away, and its handles "
+                     "with it"));
   }
-  return absl::UnavailableError(absl::StrCat(
-      why, ": it may be one that did not answer; try again"));
+  return absl::UnavailableError(
+      absl::StrCat(why, ": it may be one that did not answer; try again"));
 }
 
 absl::StatusOr<std::shared_ptr<Replica>> ReplicaSet::ForPlacement(
@@ -305,8 +307,8 @@ absl::StatusOr<std::shared_ptr<Replica>> ReplicaSet::ForPlacement(
   }
   if (replicas.empty()) {
     RETURN_IF_ERROR(Refusal(found));
-    return absl::UnavailableError(absl::StrCat(
-        "no replica at ", target_, " answered: ", Summary(found)));
+    return absl::UnavailableError(
+        absl::StrCat("no replica at ", target_, " answered: ", Summary(found)));
   }
   return replicas[ChooseReplica(infos, placement)];
 }
@@ -329,15 +331,18 @@ absl::Status ReplicaSet::Explain(const Replica& replica,
       }
     }
     if (!present && all_answered) {
-      return absl::NotFoundError(absl::StrCat(
-          replica.Describe(), " is gone: it is no longer among the replicas "
-          "at ", target_, " (", Summary(*found), "), and its handles went "
-          "with it"));
+      return absl::NotFoundError(
+          absl::StrCat(replica.Describe(),
+                       " is gone: it is no longer among the replicas "
+                       "at ",
+                       target_, " (", Summary(*found),
+                       "), and its handles went "
+                       "with it"));
     }
   }
-  return absl::Status(status.code(),
-                      absl::StrCat(replica.Describe(), " did not answer: ",
-                                   status.message()));
+  return absl::Status(
+      status.code(),
+      absl::StrCat(replica.Describe(), " did not answer: ", status.message()));
 }
 
 }  // namespace materializer::client

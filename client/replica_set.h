@@ -170,10 +170,8 @@ class ReplicaSet {
   std::shared_ptr<Replica> only_ ABSL_GUARDED_BY(mu_);
   // Named replicas met so far (kept after they stop answering, so calls
   // for their handles can say what happened), and unnamed ones by address.
-  std::map<std::string, std::shared_ptr<Replica>> by_name_
-      ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<Replica>> unnamed_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Replica>> by_name_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Replica>> unnamed_ ABSL_GUARDED_BY(mu_);
   // Channels by "address|tls name".
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_
       ABSL_GUARDED_BY(mu_);

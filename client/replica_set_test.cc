@@ -35,13 +35,13 @@ using ::testing::UnorderedElementsAre;
 
 // In a FakeReplica method: NOT_FOUND unless the replica issued `id`;
 // records the call otherwise.
-#define RETURN_IF_UNKNOWN(id, method)                                 \
-  do {                                                                \
-    if (!Record(method, id)) {                                        \
-      return grpc::Status(                                            \
-          grpc::StatusCode::NOT_FOUND,                                \
-          absl::StrCat("handle ", id, " not found on ", name_));      \
-    }                                                                 \
+#define RETURN_IF_UNKNOWN(id, method)                            \
+  do {                                                           \
+    if (!Record(method, id)) {                                   \
+      return grpc::Status(                                       \
+          grpc::StatusCode::NOT_FOUND,                           \
+          absl::StrCat("handle ", id, " not found on ", name_)); \
+    }                                                            \
   } while (0)
 
 // One replica: GetServerInfo with a configurable name and free bytes; it
@@ -113,7 +113,8 @@ class FakeReplica final : public v1::Materializer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Describe(grpc::ServerContext*, const v1::DescribeRequest* request,
+  grpc::Status Describe(grpc::ServerContext*,
+                        const v1::DescribeRequest* request,
                         v1::HandleInfo* response) override {
     RETURN_IF_UNKNOWN(request->handle(), "Describe");
     response->set_handle(request->handle());
@@ -192,18 +193,18 @@ class FakeReplica final : public v1::Materializer::Service {
  private:
   bool Record(const std::string& method, const std::string& id) {
     absl::MutexLock lock(&mu_);
-    const bool known =
-        id.empty() ||
-        std::find(handles_.begin(), handles_.end(), id) != handles_.end();
-    if (known) calls_.push_back(id.empty() ? method : absl::StrCat(method, " ", id));
+    const bool known = id.empty() || std::find(handles_.begin(), handles_.end(),
+                                               id) != handles_.end();
+    if (known)
+      calls_.push_back(id.empty() ? method : absl::StrCat(method, " ", id));
     return known;
   }
 
   const std::string name_;
   absl::Mutex mu_;
   // Guards every member below.
-  std::vector<std::pair<std::string, uint64_t>> devices_ ABSL_GUARDED_BY(mu_) =
-      {{"cpu", 1000}};
+  std::vector<std::pair<std::string, uint64_t>> devices_
+      ABSL_GUARDED_BY(mu_) = {{"cpu", 1000}};
   std::string advertised_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> handles_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
@@ -245,7 +246,8 @@ v1::MaterializeRequest Model() {
 class ReplicaSetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* name : {"r0", "r1", "r2"}) replicas_.push_back(Start(name));
+    for (const char* name : {"r0", "r1", "r2"})
+      replicas_.push_back(Start(name));
     replicas_[0].fake->SetRoom({{"cpu", 1000}});
     replicas_[1].fake->SetRoom({{"cpu", 3000}});
     replicas_[2].fake->SetRoom({{"cpu", 2000}, {"cuda:0", 500}});
@@ -277,7 +279,8 @@ class ReplicaSetTest : public ::testing::Test {
 
 TEST_F(ReplicaSetTest, MaterializeGoesToTheReplicaWithTheMostRoom) {
   Client& client = Connect(Target());
-  ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made, client.Materialize(Model()));
+  ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made,
+                       client.Materialize(Model()));
   EXPECT_THAT(made.handle(), EndsWith("@r1"));
 
   replicas_[1].fake->SetRoom({{"cpu", 10}});
@@ -316,10 +319,10 @@ TEST_F(ReplicaSetTest, EveryCallNamingAHandleGoesToItsReplica) {
     v1::FetchRequest fetch;
     fetch.set_handle(handle);
     EXPECT_THAT(fresh.DescribeFile(fetch), IsOk());
-    EXPECT_THAT(fresh.Fetch(fetch, [](const v1::WeightChunk&) {
-      return absl::OkStatus();
-    }),
-                IsOk());
+    EXPECT_THAT(
+        fresh.Fetch(fetch,
+                    [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+        IsOk());
     ASSERT_OK_AND_ASSIGN(v1::ExportResponse exported,
                          fresh.ExportHandle(handle));
     EXPECT_THAT(fresh.CloseExport(exported.export_id()), IsOk());
@@ -390,16 +393,17 @@ TEST_F(ReplicaSetTest, AReplicaThatStopsAnsweringIsNamedAndOthersKeepServing) {
   ASSERT_EQ(list.failed.size(), 1u);
   EXPECT_EQ(list.failed[0].address, replicas_[2].address);
   // New work goes to those that answer.
-  ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made, client.Materialize(Model()));
+  ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made,
+                       client.Materialize(Model()));
   EXPECT_THAT(made.handle(), ::testing::Not(EndsWith("@r2")));
 
   // A client that never met r2 cannot tell gone from silent: UNAVAILABLE.
   Client& fresh = Connect(Target());
-  EXPECT_THAT(fresh.Describe(on_r2),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       AllOf(HasSubstr("held by replica r2"),
-                             HasSubstr(replicas_[2].address +
-                                       " did not answer"))));
+  EXPECT_THAT(
+      fresh.Describe(on_r2),
+      StatusIs(absl::StatusCode::kUnavailable,
+               AllOf(HasSubstr("held by replica r2"),
+                     HasSubstr(replicas_[2].address + " did not answer"))));
 }
 
 TEST_F(ReplicaSetTest, AReplicaNoLongerInTheTargetIsGone) {
@@ -409,10 +413,10 @@ TEST_F(ReplicaSetTest, AReplicaNoLongerInTheTargetIsGone) {
   ASSERT_THAT(on_r2, EndsWith("@r2"));
   // The Service's addresses no longer include r2 (its pod was deleted).
   Client& later = Connect(Target({0, 1}));
-  EXPECT_THAT(later.Describe(on_r2),
-              StatusIs(absl::StatusCode::kNotFound,
-                       AllOf(HasSubstr("held by replica r2"),
-                             HasSubstr("gone away"))));
+  EXPECT_THAT(
+      later.Describe(on_r2),
+      StatusIs(absl::StatusCode::kNotFound,
+               AllOf(HasSubstr("held by replica r2"), HasSubstr("gone away"))));
 }
 
 TEST_F(ReplicaSetTest, EachReplicaMaterializedOnHoldsASession) {
@@ -436,7 +440,8 @@ TEST_F(ReplicaSetTest, AReplicaIsDialedAtTheAddressItAdvertises) {
   replicas_[0].fake->SetRoom({{"cpu", 1u << 20}});
   elsewhere.fake->SetAdvertised(elsewhere.address);
   Client& client = Connect(Target());
-  ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made, client.Materialize(Model()));
+  ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made,
+                       client.Materialize(Model()));
   EXPECT_EQ(made.handle(), "h-0@r0");
   EXPECT_THAT(elsewhere.fake->calls(), ElementsAre("Materialize h-0@r0"));
   Stop(elsewhere);
@@ -447,13 +452,15 @@ TEST(SingleServerTest, OneAddressIsUsedAsItIsWithoutDiscovery) {
   ClientOptions options;
   options.target = only.address;
   options.session = false;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(options));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client,
+                       Client::Connect(options));
   ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made,
                        client->Materialize(Model()));
   EXPECT_THAT(client->Describe(made.handle()), IsOk());
   // An id naming another replica is still sent to the one server.
-  EXPECT_THAT(client->Describe("h-9@elsewhere"),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found on r0")));
+  EXPECT_THAT(
+      client->Describe("h-9@elsewhere"),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found on r0")));
   EXPECT_THAT(only.fake->calls(),
               ElementsAre("Materialize h-0@r0", "Describe h-0@r0"));
   client.reset();

@@ -27,15 +27,15 @@ std::optional<uint64_t> RoomFor(const v1::ServerInfo& replica,
     const auto& listed = placement.split().devices();
     for (const v1::DeviceRoom& device : replica.devices()) {
       const bool used =
-          listed.empty() ||
-          std::find(listed.begin(), listed.end(), device.device()) !=
-              listed.end();
+          listed.empty() || std::find(listed.begin(), listed.end(),
+                                      device.device()) != listed.end();
       if (used) room = room.value_or(0) + device.free_bytes();
     }
     return room;
   }
   for (const v1::DeviceRoom& device : replica.devices()) {
-    if (wanted.empty() || wanted == "auto" || Matches(device.device(), wanted)) {
+    if (wanted.empty() || wanted == "auto" ||
+        Matches(device.device(), wanted)) {
       room = std::max(room.value_or(0), device.free_bytes());
     }
   }

@@ -37,10 +37,10 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view item) {
   if (colon == absl::string_view::npos || colon == 0 ||
       !absl::SimpleAtoi(item.substr(colon + 1), &port) || port < 1 ||
       port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "server address \"", item,
-        "\" is not host:port (e.g. 127.0.0.1:50051, [::1]:50051, "
-        "materializer.ml.svc.cluster.local:50051)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("server address \"", item,
+                     "\" is not host:port (e.g. 127.0.0.1:50051, [::1]:50051, "
+                     "materializer.ml.svc.cluster.local:50051)"));
   }
   absl::string_view host = item.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -64,8 +64,8 @@ absl::StatusOr<std::vector<std::string>> LookUp(const HostPort& hp) {
   addrinfo* result = nullptr;
   const int rc = getaddrinfo(hp.host.c_str(), nullptr, &hints, &result);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot look up ", hp.host, ": ", gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot look up ", hp.host, ": ", gai_strerror(rc)));
   }
   std::vector<std::string> v4;
   std::vector<std::string> v6;
@@ -102,8 +102,8 @@ absl::StatusOr<std::vector<std::string>> SplitTarget(absl::string_view target) {
   for (absl::string_view item : absl::StrSplit(target, ',')) {
     item = absl::StripAsciiWhitespace(item);
     if (item.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "server address \"", target, "\" has an empty item"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("server address \"", target, "\" has an empty item"));
     }
     RETURN_IF_ERROR(ParseHostPort(item).status());
     items.emplace_back(item);

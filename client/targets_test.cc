@@ -13,8 +13,8 @@ using ::testing::IsEmpty;
 TEST(SplitTargetTest, ListsAndSingleAddresses) {
   ASSERT_OK_AND_ASSIGN(auto one, SplitTarget("127.0.0.1:50051"));
   EXPECT_THAT(one, ElementsAre("127.0.0.1:50051"));
-  ASSERT_OK_AND_ASSIGN(auto several,
-                       SplitTarget(" 127.0.0.1:7001, [::1]:7002,pod-2.svc:7003"));
+  ASSERT_OK_AND_ASSIGN(
+      auto several, SplitTarget(" 127.0.0.1:7001, [::1]:7002,pod-2.svc:7003"));
   EXPECT_THAT(several,
               ElementsAre("127.0.0.1:7001", "[::1]:7002", "pod-2.svc:7003"));
 }
@@ -29,23 +29,22 @@ TEST(SplitTargetTest, SchemeTargetsAreOneEntryAsTheyAre) {
 TEST(SplitTargetTest, RejectsWhatIsNotHostAndPort) {
   EXPECT_THAT(SplitTarget(""), StatusIs(absl::StatusCode::kInvalidArgument,
                                         HasSubstr("is empty")));
-  EXPECT_THAT(SplitTarget("a:1,,b:2"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("empty item")));
+  EXPECT_THAT(
+      SplitTarget("a:1,,b:2"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty item")));
   for (const char* bad : {"localhost", "a:1,b", ":50051", "a:0", "a:99999"}) {
-    EXPECT_THAT(SplitTarget(bad),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr("is not host:port")))
+    EXPECT_THAT(SplitTarget(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("is not host:port")))
         << bad;
   }
 }
 
 TEST(ResolveTargetTest, IpAddressesAreTakenAsTheyAre) {
-  ASSERT_OK_AND_ASSIGN(Resolved resolved,
-                       ResolveTarget("127.0.0.1:7001,[::1]:7002,127.0.0.1:7001"));
-  EXPECT_THAT(resolved.endpoints,
-              ElementsAre(Endpoint{"127.0.0.1:7001", ""},
-                          Endpoint{"[::1]:7002", ""}));
+  ASSERT_OK_AND_ASSIGN(
+      Resolved resolved,
+      ResolveTarget("127.0.0.1:7001,[::1]:7002,127.0.0.1:7001"));
+  EXPECT_THAT(resolved.endpoints, ElementsAre(Endpoint{"127.0.0.1:7001", ""},
+                                              Endpoint{"[::1]:7002", ""}));
   EXPECT_THAT(resolved.failures, IsEmpty());
 }
 

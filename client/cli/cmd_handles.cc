@@ -73,9 +73,9 @@ absl::Status RunDescribe(Invocation& invocation) {
 
 absl::Status RunRelease(Invocation& invocation) {
   const std::string& handle = invocation.arg(0);
-  ASSIGN_OR_RETURN(const v1::ReleaseResponse response,
-                   invocation.client().Release(
-                       handle, invocation.flags().Bool("force")));
+  ASSIGN_OR_RETURN(
+      const v1::ReleaseResponse response,
+      invocation.client().Release(handle, invocation.flags().Bool("force")));
   if (invocation.json()) {
     PrintJson(invocation.out(), response);
   } else if (response.released()) {
@@ -115,8 +115,7 @@ absl::Status RunList(Invocation& invocation) {
     for (const v1::HandleSummary& handle : response.handles()) {
       table.AddRow(
           {handle.handle(),
-           ShortEnumName(v1::HandleState_Name(handle.state()),
-                         "HANDLE_STATE_"),
+           ShortEnumName(v1::HandleState_Name(handle.state()), "HANDLE_STATE_"),
            handle.device(), FormatBytes(handle.arena_bytes()),
            absl::StrCat(handle.num_tensors()),
            handle.has_created_at() ? FormatTimestamp(handle.created_at()) : "",
@@ -133,16 +132,17 @@ absl::Status RunList(Invocation& invocation) {
                      << " is missing from the list: "
                      << failed.result.status().message() << "\n";
   }
-  return absl::UnavailableError(absl::StrCat(
-      list.failed.size(), " of the replicas did not answer; the list holds "
-                          "the handles of the others"));
+  return absl::UnavailableError(
+      absl::StrCat(list.failed.size(),
+                   " of the replicas did not answer; the list holds "
+                   "the handles of the others"));
 }
 
 absl::Status RunExport(Invocation& invocation) {
-  ASSIGN_OR_RETURN(
-      const v1::ExportResponse response,
-      invocation.client().ExportHandle(
-          invocation.arg(0), invocation.flags().String("importer_device_uuid")));
+  ASSIGN_OR_RETURN(const v1::ExportResponse response,
+                   invocation.client().ExportHandle(
+                       invocation.arg(0),
+                       invocation.flags().String("importer_device_uuid")));
   if (invocation.json()) {
     PrintJson(invocation.out(), response);
     return absl::OkStatus();

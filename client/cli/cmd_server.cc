@@ -123,15 +123,15 @@ absl::Status RunStats(Invocation& invocation) {
   const ClientOptions& options = invocation.client().options();
   // Under TLS the identity is the certificate's or the token's, which only
   // the server knows.
-  const std::string me = options.security.UsesTls()
-                             ? std::string()
-                             : (options.client_name.empty()
-                                    ? std::string("anonymous")
-                                    : options.client_name);
+  const std::string me =
+      options.security.UsesTls()
+          ? std::string()
+          : (options.client_name.empty() ? std::string("anonymous")
+                                         : options.client_name);
   for (size_t i = 0; i < each.size(); ++i) {
     if (each.size() > 1) {
-      out << (i > 0 ? "\n" : "") << "== "
-          << ReplicaLabel(each[i].replica, each[i].address) << "\n";
+      out << (i > 0 ? "\n" : "")
+          << "== " << ReplicaLabel(each[i].replica, each[i].address) << "\n";
     }
     if (each[i].result.ok()) {
       PrintStats(out, *each[i].result, me);
@@ -171,8 +171,8 @@ absl::Status RunHealth(Invocation& invocation) {
       json.Object("error", StatusJson(entry.result.status()));
     }
     entries.push_back(std::move(json));
-    table.AddRow({entry.replica.empty() ? "-" : entry.replica, entry.address,
-                  status});
+    table.AddRow(
+        {entry.replica.empty() ? "-" : entry.replica, entry.address, status});
   }
   const std::string overall = all_serving ? "SERVING" : "NOT_SERVING";
   if (invocation.json()) {
@@ -212,8 +212,8 @@ absl::Status RunReplicas(Invocation& invocation) {
     PrintJson(invocation.out(), all);
     return MissingReplicas(each);
   }
-  Table table({"REPLICA", "ADDRESS", "ADVERTISED", "DEVICE", "FREE",
-               "CAPACITY"});
+  Table table(
+      {"REPLICA", "ADDRESS", "ADVERTISED", "DEVICE", "FREE", "CAPACITY"});
   table.SetAlign(4, Table::Align::kRight);
   table.SetAlign(5, Table::Align::kRight);
   for (const auto& entry : each) {
@@ -224,11 +224,11 @@ absl::Status RunReplicas(Invocation& invocation) {
     const v1::ServerInfo& info = *entry.result;
     bool first = true;
     for (const v1::DeviceRoom& device : info.devices()) {
-      table.AddRow({first ? (info.replica().empty() ? "-" : info.replica()) : "",
-                    first ? entry.address : "",
-                    first ? info.advertised_address() : "", device.device(),
-                    FormatBytes(device.free_bytes()),
-                    FormatBytes(device.capacity_bytes())});
+      table.AddRow(
+          {first ? (info.replica().empty() ? "-" : info.replica()) : "",
+           first ? entry.address : "", first ? info.advertised_address() : "",
+           device.device(), FormatBytes(device.free_bytes()),
+           FormatBytes(device.capacity_bytes())});
       first = false;
     }
   }

@@ -106,9 +106,8 @@ const std::vector<Command>& Commands() {
        "Streams the file into OUT.partial, checks its size and XXH3-128 "
        "digest, fsyncs it and renames it to OUT, so OUT never holds a "
        "truncated or corrupted file. Draws progress on a terminal.",
-       {"o", "format", "include", "exclude", "resume",
-        "include_non_persistent", "write_ties_once", "chunk_bytes",
-        "fetch_timeout"},
+       {"o", "format", "include", "exclude", "resume", "include_non_persistent",
+        "write_ties_once", "chunk_bytes", "fetch_timeout"},
        RunFetch,
        {"o"}},
       {"export",

@@ -45,7 +45,8 @@ absl::StatusOr<ClientOptions> ConnectionOptions(const FlagValues& flags,
   options.target = flags.String("server", options.target);
   options.client_name = flags.String("client");
   options.timeout = flags.Duration("timeout", options.timeout);
-  options.fetch_timeout = flags.Duration("fetch_timeout", options.fetch_timeout);
+  options.fetch_timeout =
+      flags.Duration("fetch_timeout", options.fetch_timeout);
   Security& security = options.security;
   security.tls = flags.Bool("tls");
   security.tls_ca_file = flags.String("tls_ca");
@@ -59,9 +60,9 @@ absl::StatusOr<ClientOptions> ConnectionOptions(const FlagValues& flags,
 
 std::string DescribeConnection(const ClientOptions& options,
                                const FlagValues& flags) {
-  const std::string source = flags.Has("server")
-                                 ? absl::StrCat(" (from ", flags.Source("server"), ")")
-                                 : " (the default)";
+  const std::string source =
+      flags.Has("server") ? absl::StrCat(" (from ", flags.Source("server"), ")")
+                          : " (the default)";
   return absl::StrCat("server ", options.target, source, "; ",
                       DescribeSecurity(options.security),
                       options.client_name.empty()

@@ -31,7 +31,8 @@ Environment Env(std::map<std::string, std::string> vars) {
 
 std::string TokenFile(const std::string& name, const std::string& content) {
   const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+  const std::string path =
+      absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
   std::ofstream(path) << content;
   return path;
 }
@@ -78,18 +79,17 @@ TEST(ConnectionOptionsTest, TokenFromAFileFromAVariableOrItsFile) {
   EXPECT_EQ(from_variable.security.token_source, kTokenVariable);
 
   // The flag wins over both variables.
-  ASSERT_OK_AND_ASSIGN(
-      ClientOptions flag_wins,
-      Options({"--tls", "--token_file=" + path},
-              {{kTokenVariable, "tok-other-0123456789"},
-               {kTokenFileVariable, "/nonexistent"}}));
+  ASSERT_OK_AND_ASSIGN(ClientOptions flag_wins,
+                       Options({"--tls", "--token_file=" + path},
+                               {{kTokenVariable, "tok-other-0123456789"},
+                                {kTokenFileVariable, "/nonexistent"}}));
   EXPECT_EQ(flag_wins.security.token, kToken);
 }
 
 TEST(ConnectionOptionsTest, ConflictsAndMistakesNeverShowTheToken) {
   const std::string path = TokenFile("token2", kToken);
-  EXPECT_THAT(Options({"--tls"}, {{kTokenVariable, kToken},
-                                  {kTokenFileVariable, path}}),
+  EXPECT_THAT(Options({"--tls"},
+                      {{kTokenVariable, kToken}, {kTokenFileVariable, path}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("both MATERIALIZER_TOKEN and "
                                        "MATERIALIZER_TOKEN_FILE"),
@@ -109,9 +109,9 @@ TEST(ConnectionOptionsTest, ConflictsAndMistakesNeverShowTheToken) {
 
 TEST(DescribeConnectionTest, NamesSourcesNotSecrets) {
   const std::string path = TokenFile("token3", kToken);
-  absl::StatusOr<CommandLine> line = ParseCommandLine(
-      {"--tls_ca=ca.pem", "--token_file=" + path}, FlagTable(),
-      Env({{"MATERIALIZER_SERVER", "pod:1"}}));
+  absl::StatusOr<CommandLine> line =
+      ParseCommandLine({"--tls_ca=ca.pem", "--token_file=" + path}, FlagTable(),
+                       Env({{"MATERIALIZER_SERVER", "pod:1"}}));
   ASSERT_TRUE(line.ok());
   ASSERT_OK_AND_ASSIGN(ClientOptions options,
                        ConnectionOptions(line->flags, Env({})));

@@ -48,14 +48,18 @@ void FindingsOf(const std::string& where, const v1::DeviceStats& device,
                                : absl::StrCat(" (", process.name(), ")"));
     if (process.state() == "defunct") {
       findings->push_back(absl::StrCat(
-          where, ": ", device.device(), ": ", who, " is defunct and still "
-          "holds ", FormatBytes(process.used_bytes()),
+          where, ": ", device.device(), ": ", who,
+          " is defunct and still "
+          "holds ",
+          FormatBytes(process.used_bytes()),
           ": the memory returns when its parent reaps it (or the parent "
           "exits)"));
     } else if (process.state() == "gone") {
       findings->push_back(absl::StrCat(
-          where, ": ", device.device(), ": ", who, " is not visible to the "
-          "server but the driver counts ", FormatBytes(process.used_bytes()),
+          where, ": ", device.device(), ": ", who,
+          " is not visible to the "
+          "server but the driver counts ",
+          FormatBytes(process.used_bytes()),
           " for it: a process of another container, or one that exited "
           "while its memory is still held"));
     }
@@ -79,19 +83,19 @@ void RenderDevice(const v1::DeviceStats& device, std::string* out) {
   absl::StrAppend(out, "\n");
   Table rows;
   if (!device.has_driver()) {
-    rows.AddRow({"    driver", "figures unavailable (the server could not "
-                               "load NVML)"});
+    rows.AddRow({"    driver",
+                 "figures unavailable (the server could not "
+                 "load NVML)"});
   } else {
     rows.AddRow({"    driver",
                  absl::StrCat(FormatBytes(driver.total_bytes()), " total, ",
                               FormatBytes(driver.used_bytes()), " used, ",
                               FormatBytes(driver.free_bytes()), " free")});
-    rows.AddRow(
-        {"    this server",
-         absl::StrCat(FormatBytes(driver.server_process_bytes()),
-                      " as the driver counts it; LibTorch's caching "
-                      "allocator holds ",
-                      FormatBytes(driver.caching_allocator_bytes()))});
+    rows.AddRow({"    this server",
+                 absl::StrCat(FormatBytes(driver.server_process_bytes()),
+                              " as the driver counts it; LibTorch's caching "
+                              "allocator holds ",
+                              FormatBytes(driver.caching_allocator_bytes()))});
   }
   rows.AddRow({"    ledger", LedgerLine(device)});
   *out += rows.Render();
@@ -127,8 +131,8 @@ std::vector<std::string> DoctorFindings(
   for (const FromReplica<v1::GetStatsResponse>& replica : replicas) {
     const std::string where = ReplicaLabel(replica.replica, replica.address);
     if (!replica.result.ok()) {
-      findings.push_back(absl::StrCat(where, " did not answer: ",
-                                      replica.result.status().message()));
+      findings.push_back(absl::StrCat(
+          where, " did not answer: ", replica.result.status().message()));
       continue;
     }
     for (const v1::DeviceStats& device : replica.result->devices()) {
@@ -147,8 +151,8 @@ std::string RenderDoctor(
     if (!out.empty()) out += "\n";
     absl::StrAppend(&out, ReplicaLabel(replica.replica, replica.address), "\n");
     if (!replica.result.ok()) {
-      absl::StrAppend(&out, "  did not answer: ",
-                      replica.result.status().message(), "\n");
+      absl::StrAppend(
+          &out, "  did not answer: ", replica.result.status().message(), "\n");
       continue;
     }
     std::vector<std::string> others;
@@ -158,8 +162,8 @@ std::string RenderDoctor(
         any_gpu = true;
         RenderDevice(device, &out);
       } else {
-        others.push_back(
-            absl::StrCat(device.device(), " (ledger: ", LedgerLine(device), ")"));
+        others.push_back(absl::StrCat(device.device(),
+                                      " (ledger: ", LedgerLine(device), ")"));
       }
     }
     if (!any_gpu) {
@@ -170,8 +174,8 @@ std::string RenderDoctor(
     }
   }
   const std::vector<std::string> findings = DoctorFindings(replicas);
-  absl::StrAppend(&out, "\n", findings.empty() ? "findings: none" : "findings:",
-                  "\n");
+  absl::StrAppend(&out, "\n",
+                  findings.empty() ? "findings: none" : "findings:", "\n");
   for (const std::string& finding : findings) {
     absl::StrAppend(&out, "  - ", finding, "\n");
   }

@@ -79,7 +79,8 @@ TEST(RenderDoctorTest, ShowsDriverServerLedgerAndProcessesPerGpu) {
                               "reserved, 8.00 GiB in use, 3 handles"));
   EXPECT_THAT(text, HasSubstr("4242  python3  2.00 GiB  running"));
   EXPECT_THAT(text, HasSubstr("17  trainer  1.00 GiB  DEFUNCT (zombie)"));
-  EXPECT_THAT(text, HasSubstr("99  -        1.00 GiB  GONE (not visible here)"));
+  EXPECT_THAT(text,
+              HasSubstr("99  -        1.00 GiB  GONE (not visible here)"));
   EXPECT_THAT(text, HasSubstr("  cuda:1\n    driver  figures unavailable"));
 }
 

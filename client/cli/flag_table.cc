@@ -39,10 +39,14 @@ const std::vector<FlagSpec>& FlagTable() {
        "your name in the server's development mode (no TLS)", "",
        "MATERIALIZER_CLIENT"},
       // Output and deadlines (global).
-      {"output", FlagType::kChoice, "table|json",
+      {"output",
+       FlagType::kChoice,
+       "table|json",
        "json: the response in the proto3 JSON mapping (64-bit integers as "
        "strings)",
-       "table", "", {"table", "json"}},
+       "table",
+       "",
+       {"table", "json"}},
       {"timeout", FlagType::kDuration, "DURATION",
        "deadline of each call except a fetch, e.g. 30s, 1h", "10m"},
       {"verbose", FlagType::kBool, "",
@@ -56,8 +60,13 @@ const std::vector<FlagSpec>& FlagTable() {
        "lease of the handle: released when unused this long", "server's, 1h"},
       {"force", FlagType::kBool, "", "release even while exported"},
       {"o", FlagType::kString, "OUT", "the file to write (required)"},
-      {"format", FlagType::kChoice, "safetensors|torch|raw", "file format",
-       "safetensors", "", {"safetensors", "torch", "raw"}},
+      {"format",
+       FlagType::kChoice,
+       "safetensors|torch|raw",
+       "file format",
+       "safetensors",
+       "",
+       {"safetensors", "torch", "raw"}},
       {"include", FlagType::kList, "GLOBS",
        "write only tensors matching one of these globs (comma-separated)"},
       {"exclude", FlagType::kList, "GLOBS",
@@ -68,8 +77,13 @@ const std::vector<FlagSpec>& FlagTable() {
        "also write non-persistent buffers"},
       {"write_ties_once", FlagType::kBool, "",
        "safetensors: write each group of tied tensors once"},
-      {"chunk_bytes", FlagType::kBytes, "N",
-       "largest chunk, e.g. 4MiB (0: the server's default)", "0", "", {},
+      {"chunk_bytes",
+       FlagType::kBytes,
+       "N",
+       "largest chunk, e.g. 4MiB (0: the server's default)",
+       "0",
+       "",
+       {},
        std::numeric_limits<uint32_t>::max()},
       {"fetch_timeout", FlagType::kDuration, "DURATION",
        "deadline of the whole fetch", "none"},
@@ -81,8 +95,9 @@ const std::vector<FlagSpec>& FlagTable() {
 
 const std::vector<const char*>& GlobalFlags() {
   static const auto* flags = new std::vector<const char*>{
-      "server", "tls",    "tls_ca",  "tls_cert", "tls_key", "tls_server_name",
-      "token_file", "client", "output", "timeout", "verbose"};
+      "server",          "tls",        "tls_ca", "tls_cert", "tls_key",
+      "tls_server_name", "token_file", "client", "output",   "timeout",
+      "verbose"};
   return *flags;
 }
 

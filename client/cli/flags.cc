@@ -25,17 +25,19 @@ absl::Status CheckValue(const FlagSpec& spec, const std::string& text,
   switch (spec.type) {
     case FlagType::kBool:
       if (text != "true" && text != "false") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, " must be true or false, not \"", text, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, " must be true or false, not \"", text, "\""));
       }
       return absl::OkStatus();
     case FlagType::kDuration: {
       absl::Duration duration;
       if (!absl::ParseDuration(text, &duration) ||
           duration <= absl::ZeroDuration()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, " must be a positive duration such as 30s, 10m or 1h, "
-                    "not \"", text, "\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(source,
+                         " must be a positive duration such as 30s, 10m or 1h, "
+                         "not \"",
+                         text, "\""));
       }
       return absl::OkStatus();
     }

@@ -44,11 +44,10 @@ absl::StatusOr<CommandLine> Parse(std::vector<std::string> args,
 }
 
 TEST(ParseCommandLineTest, EveryValueSyntax) {
-  ASSERT_OK_AND_ASSIGN(
-      CommandLine line,
-      Parse({"--server=a:1", "fetch", "h-1", "-o", "out.st", "--all",
-             "--timeout", "30s", "--format=b", "--include=x.*,y.*",
-             "--chunk=4KiB"}));
+  ASSERT_OK_AND_ASSIGN(CommandLine line,
+                       Parse({"--server=a:1", "fetch", "h-1", "-o", "out.st",
+                              "--all", "--timeout", "30s", "--format=b",
+                              "--include=x.*,y.*", "--chunk=4KiB"}));
   EXPECT_THAT(line.positional, ElementsAre("fetch", "h-1"));
   EXPECT_EQ(line.flags.String("server"), "a:1");
   EXPECT_EQ(line.flags.String("o"), "out.st");
@@ -81,8 +80,9 @@ TEST(ParseCommandLineTest, UnsetFlagsHaveTheirFallbacks) {
 }
 
 TEST(ParseCommandLineTest, BadFlagsAndValuesNameTheFlag) {
-  EXPECT_THAT(Parse({"--nosuch=1"}), StatusIs(absl::StatusCode::kInvalidArgument,
-                                             HasSubstr("unknown flag --nosuch")));
+  EXPECT_THAT(Parse({"--nosuch=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown flag --nosuch")));
   EXPECT_THAT(Parse({"--noserver"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("unknown flag --noserver")));

@@ -38,8 +38,8 @@ std::string HintFor(const absl::Status& status, const ClientOptions& options) {
       return "";
   }
   if (IsCertificateFailure(status, security.UsesTls())) {
-    if (Contains(message, {"certificate_verify_failed",
-                           "certificate verify failed"})) {
+    if (Contains(message,
+                 {"certificate_verify_failed", "certificate verify failed"})) {
       return absl::StrCat(
           "the server's certificate was not trusted: it must chain to ",
           security.tls_ca_file.empty() ? std::string("the system's roots")
@@ -50,12 +50,13 @@ std::string HintFor(const absl::Status& status, const ClientOptions& options) {
                ? "the server closed the connection during the TLS handshake: "
                  "it probably requires a client certificate (mTLS): give "
                  "--tls_cert and --tls_key"
-               : absl::StrCat("the server closed the connection during the "
-                              "TLS handshake: it probably refused the client "
-                              "certificate ",
-                              security.tls_cert_file,
-                              ", which must chain to the server's client CA "
-                              "and be valid now");
+               : absl::StrCat(
+                     "the server closed the connection during the "
+                     "TLS handshake: it probably refused the client "
+                     "certificate ",
+                     security.tls_cert_file,
+                     ", which must chain to the server's client CA "
+                     "and be valid now");
   }
   if (security.UsesTls() &&
       Contains(message, {"wrong_version_number", "wrong version number",
@@ -65,16 +66,16 @@ std::string HintFor(const absl::Status& status, const ClientOptions& options) {
            "server?): leave out --tls, --tls_ca, --tls_cert and --tls_key";
   }
   if (!security.UsesTls() &&
-      Contains(message, {"socket closed", "connection reset",
-                         "end of tcp stream", "frame of size",
-                         "frame_size_error", "tls", "ssl"})) {
+      Contains(message,
+               {"socket closed", "connection reset", "end of tcp stream",
+                "frame of size", "frame_size_error", "tls", "ssl"})) {
     return "the server closed the connection: if it uses TLS, give --tls_ca "
            "(or --tls) and an identity";
   }
-  if (Contains(message, {"connection refused", "failed to connect",
-                         "cannot look up", "dns resolution failed",
-                         "name resolution", "no route to host",
-                         "did not answer", "deadline exceeded"})) {
+  if (Contains(message,
+               {"connection refused", "failed to connect", "cannot look up",
+                "dns resolution failed", "name resolution", "no route to host",
+                "did not answer", "deadline exceeded"})) {
     return absl::StrCat(
         "no server answered at ", options.target,
         ". Is materializerd running there? `./dev serve` starts one on "

@@ -5,12 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "grpc/support/log.h"
 #include "client/cli/command.h"
 #include "client/cli/connection.h"
 #include "client/cli/exit_code.h"
 #include "client/cli/hints.h"
 #include "client/cli/usage.h"
+#include "grpc/support/log.h"
 
 namespace materializer::client::cli {
 namespace {
@@ -80,17 +80,17 @@ int MatctlMain(const std::vector<std::string>& all_args, const Environment& env,
     return kExitOk;
   }
   if (!line.ok()) return UsageError(err, line.status().message(), command);
-  if (line->positional.empty()) return UsageError(err, "no command given", nullptr);
+  if (line->positional.empty())
+    return UsageError(err, "no command given", nullptr);
 
   const std::string& name = line->positional[0];
   if (name == "help") {
     if (line->positional.size() > 1) {
       command = FindCommand(line->positional[1]);
       if (command == nullptr) {
-        return UsageError(err,
-                          absl::StrCat("unknown command \"",
-                                       line->positional[1], "\""),
-                          nullptr);
+        return UsageError(
+            err, absl::StrCat("unknown command \"", line->positional[1], "\""),
+            nullptr);
       }
       out << CommandUsage(*command);
     } else {
@@ -131,7 +131,8 @@ int MatctlMain(const std::vector<std::string>& all_args, const Environment& env,
   }
 
   absl::StatusOr<ClientOptions> options = ConnectionOptions(line->flags, env);
-  if (!options.ok()) return UsageError(err, options.status().message(), nullptr);
+  if (!options.ok())
+    return UsageError(err, options.status().message(), nullptr);
   // One-shot commands leave detached handles (living by their lease);
   // `session` holds a session for as long as it runs.
   options->session = name == "session";

@@ -30,7 +30,7 @@ struct Outcome {
 };
 
 Outcome Matctl(std::vector<std::string> args,
-           std::map<std::string, std::string> env = {}) {
+               std::map<std::string, std::string> env = {}) {
   std::ostringstream out;
   std::ostringstream err;
   const int code = MatctlMain(
@@ -148,8 +148,8 @@ TEST(UsageErrorTest, ExitTwoWithTheReasonAndTheSynopsis) {
 
 TEST(UsageErrorTest, ATokenWithoutTlsIsRefusedWithoutShowingIt) {
   constexpr char kToken[] = "tok-never-print-me-0123456789";
-  const Outcome run = Matctl({"ls", "--verbose"},
-                         {{"MATERIALIZER_TOKEN", kToken}});
+  const Outcome run =
+      Matctl({"ls", "--verbose"}, {{"MATERIALIZER_TOKEN", kToken}});
   EXPECT_EQ(run.code, kExitUsage);
   EXPECT_THAT(run.err, HasSubstr("the token from MATERIALIZER_TOKEN is sent "
                                  "only over TLS"));

@@ -31,8 +31,9 @@ std::string ShapeOf(const google::protobuf::RepeatedField<int64_t>& shape);
 // "2024-05-01 12:00:00 UTC".
 std::string FormatTimestamp(const google::protobuf::Timestamp& timestamp);
 
-void PrintWarnings(std::ostream& out,
-                   const google::protobuf::RepeatedPtrField<std::string>& warnings);
+void PrintWarnings(
+    std::ostream& out,
+    const google::protobuf::RepeatedPtrField<std::string>& warnings);
 
 // "... N more (--all lists every tensor)" under a truncated tensor table.
 void PrintTruncation(std::ostream& out, int shown, int total);

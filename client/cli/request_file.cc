@@ -42,7 +42,8 @@ std::string TidyParseError(absl::string_view reason) {
   return absl::StrJoin(lines, "\n");
 }
 
-absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(const std::string& path) {
+absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(
+    const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;

@@ -97,7 +97,8 @@ std::string MainUsage() {
     }
     absl::StrAppend(&out, Wrap(command.summary, kColumn, kColumn), "\n");
   }
-  absl::StrAppend(&out, "\nflags for every command:\n", FlagRows(GlobalFlags()));
+  absl::StrAppend(&out, "\nflags for every command:\n",
+                  FlagRows(GlobalFlags()));
   absl::StrAppend(
       &out, "\nbearer token: ",
       Wrap(absl::StrCat("--token_file=FILE, else ", kTokenFileVariable,
@@ -116,8 +117,9 @@ std::string MainUsage() {
 }
 
 std::string CommandUsage(const Command& command) {
-  std::string out = absl::StrCat("usage: ", Wrap(CommandSynopsis(command), 7, 7),
-                                 "\n\n", Wrap(command.details, 0, 0), "\n");
+  std::string out =
+      absl::StrCat("usage: ", Wrap(CommandSynopsis(command), 7, 7), "\n\n",
+                   Wrap(command.details, 0, 0), "\n");
   if (!command.flags.empty()) {
     absl::StrAppend(&out, "\nflags:\n", FlagRows(command.flags));
   }

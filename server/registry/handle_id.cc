@@ -37,7 +37,8 @@ absl::string_view ReplicaOfId(absl::string_view id) {
 
 std::string ReplicaNameProblem(absl::string_view name) {
   if (name.empty() || name.size() > 63) {
-    return absl::StrCat("replica name \"", name, "\" must be 1 to 63 characters");
+    return absl::StrCat("replica name \"", name,
+                        "\" must be 1 to 63 characters");
   }
   for (const char c : name) {
     if (!absl::ascii_islower(c) && !absl::ascii_isdigit(c) && c != '-') {

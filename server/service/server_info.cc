@@ -53,10 +53,10 @@ absl::StatusOr<std::string> ReplicaNameFor(absl::string_view replica,
       absl::AsciiStrToLower(FirstLabel(from_hostname ? hostname : host));
   if (std::string problem = registry::ReplicaNameProblem(name);
       !problem.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot name this replica after ",
-        from_hostname ? "the host name" : "the --advertise host", ": ",
-        problem, "; set --replica"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot name this replica after ",
+                     from_hostname ? "the host name" : "the --advertise host",
+                     ": ", problem, "; set --replica"));
   }
   return name;
 }
@@ -74,9 +74,8 @@ v1::ServerInfo ServerInfoFromStats(absl::string_view replica,
     const uint64_t held = device.reserved_bytes() + device.in_use_bytes();
     // A released handle's bytes still held by a fetch in flight can push
     // held above capacity for a moment.
-    room->set_free_bytes(held >= device.capacity_bytes()
-                             ? 0
-                             : device.capacity_bytes() - held);
+    room->set_free_bytes(
+        held >= device.capacity_bytes() ? 0 : device.capacity_bytes() - held);
   }
   return info;
 }

@@ -41,14 +41,14 @@ TEST(ReplicaNameForTest, AnIpAddressTakesTheHostName) {
               IsOkAndHolds("node-3"));
   EXPECT_THAT(ReplicaNameFor("", "[::1]:50051", "node-4"),
               IsOkAndHolds("node-4"));
-  EXPECT_THAT(ReplicaNameFor("", "127.0.0.1:50051", "under_score"),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("set --replica")));
+  EXPECT_THAT(
+      ReplicaNameFor("", "127.0.0.1:50051", "under_score"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("set --replica")));
 }
 
 TEST(ReplicaNameForTest, AdvertiseMustBeHostAndPort) {
-  for (const char* bad : {"pod-1", ":50051", "pod-1:", "pod-1:0",
-                          "pod-1:70000", "pod-1:http"}) {
+  for (const char* bad :
+       {"pod-1", ":50051", "pod-1:", "pod-1:0", "pod-1:70000", "pod-1:http"}) {
     EXPECT_THAT(ReplicaNameFor("", bad, "host"),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("must be host:port")))
