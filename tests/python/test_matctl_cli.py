@@ -44,7 +44,7 @@ def handle(server, tmp_path):
     yield h
     # --force: a test that failed half way may have left an export open.
     on(server, "release", "--force", h)
-    server.assert_idle(CLIENT)
+    assert server.client_usage(CLIENT) == (0, 0)
 
 
 def test_exit_codes_tell_outcomes_apart(server, handle, tmp_path):
