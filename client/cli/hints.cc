@@ -72,6 +72,15 @@ std::string HintFor(const absl::Status& status, const ClientOptions& options) {
     return "the server closed the connection: if it uses TLS, give --tls_ca "
            "(or --tls) and an identity";
   }
+  if (Contains(message, {"held by replica ", "replica "}) &&
+      Contains(message, {"did not answer"}) &&
+      !Contains(message, {"no replica at"})) {
+    // One replica of several: the others are fine.
+    return "one replica is not answering; calls for its handles fail until "
+           "it is back (and its handles are gone if it restarted), while the "
+           "other replicas keep serving: `matctl replicas` shows which "
+           "answer";
+  }
   if (Contains(message,
                {"connection refused", "failed to connect", "cannot look up",
                 "dns resolution failed", "name resolution", "no route to host",

@@ -201,6 +201,16 @@ TEST(HintForTest, TheFirstProblemsPeopleMeet) {
               HasSubstr("probably requires a client certificate"));
   EXPECT_THAT(HintFor(closed, plain),
               HasSubstr("if it uses TLS, give --tls_ca"));
+  EXPECT_THAT(HintFor(absl::UnavailableError(
+                          "replica r2 (127.0.0.1:7) did not answer: failed to "
+                          "connect to all addresses"),
+                      plain),
+              HasSubstr("one replica is not answering"));
+  EXPECT_THAT(HintFor(absl::UnavailableError(
+                          "no replica at a:1,b:2 answered: a:1 did not answer "
+                          "(Connection refused)"),
+                      plain),
+              HasSubstr("no server answered at"));
   EXPECT_EQ(HintFor(absl::NotFoundError("handle h-1 not found"), plain), "");
 }
 

@@ -175,6 +175,7 @@ def test_a_replica_going_away(tmp_path):
         assert gone.returncode == EXIT_UNAVAILABLE, gone.stderr
         assert "held by replica r2" in gone.stderr
         assert f"{r2.address} did not answer" in gone.stderr
+        assert "hint: one replica is not answering" in gone.stderr
         fetch = ctl(rs, "--timeout=10s", "fetch", on_r2, "-o",
                     str(tmp_path / "x.st"))
         assert fetch.returncode == EXIT_UNAVAILABLE, fetch.stderr
