@@ -26,9 +26,10 @@ namespace materializer::engine {
 namespace {
 
 // Bounds on what one fetch's filters may ask for (docs/api.md): patterns
-// per field, and tensors x glob words (glob.h) over both fields.
+// per field, and (bytes of the handle's tensor names) x glob words
+// (glob.h) over both fields, i.e. steps of matching.
 constexpr size_t kMaxFilterPatterns = 256;
-constexpr uint64_t kMaxFilterMatchWork = uint64_t{1} << 24;
+constexpr uint64_t kMaxFilterMatchWork = uint64_t{1} << 30;
 
 absl::Status MetaOnly(const registry::Handle& handle, v1::HandleState state) {
   if (state == v1::HANDLE_STATE_FAILED) {
@@ -213,7 +214,7 @@ struct Filters {
 };
 
 absl::StatusOr<Filters> CompileFilters(const v1::FetchRequest& request,
-                                       size_t num_tensors) {
+                                       uint64_t name_bytes) {
   Filters filters;
   uint64_t words = 0;
   auto compile = [&](const char* field, const auto& patterns,
@@ -237,13 +238,13 @@ absl::StatusOr<Filters> CompileFilters(const v1::FetchRequest& request,
   };
   RETURN_IF_ERROR(compile("include", request.include(), &filters.include));
   RETURN_IF_ERROR(compile("exclude", request.exclude(), &filters.exclude));
-  if (words * num_tensors > kMaxFilterMatchWork) {
+  if (words * name_bytes > kMaxFilterMatchWork) {
     return absl::InvalidArgumentError(absl::StrCat(
         "include/exclude: matching ",
         request.include_size() + request.exclude_size(), " patterns against ",
-        num_tensors, " tensors is ", words * num_tensors,
-        " units of work (tensors x patterns, a pattern of 64 or more items "
-        "counting once per 64); the limit is ",
+        name_bytes, " bytes of tensor names is ", words * name_bytes,
+        " steps (name bytes x patterns, a pattern with n >= 64 items other "
+        "than '*' counting ceil((n + 1) / 64) times); the limit is ",
         kMaxFilterMatchWork, ". Use fewer patterns"));
   }
   return filters;
@@ -267,8 +268,9 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
                                  const v1::FetchRequest& request,
                                  const Cancelled& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
-  ASSIGN_OR_RETURN(Filters filters,
-                   CompileFilters(request, spec.tensors.size()));
+  uint64_t name_bytes = 0;
+  for (const spec::TensorDesc& t : spec.tensors) name_bytes += t.name.size();
+  ASSIGN_OR_RETURN(Filters filters, CompileFilters(request, name_bytes));
   const bool non_persistent = request.include_non_persistent();
   auto eligible = [&](size_t i) {
     return spec.tensors[i].persistent || non_persistent;

@@ -55,13 +55,17 @@ absl::StatusOr<Resolution> ResolveInits(
     words += glob->words();
     globs.push_back(std::move(*glob));
   }
-  if (words * tensors.size() > kMaxRuleMatchWork) {
+  uint64_t name_bytes = 0;
+  for (const spec::TensorDesc& tensor : tensors) {
+    name_bytes += tensor.name.size();
+  }
+  if (words * name_bytes > kMaxRuleMatchWork) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.init_rules: matching ", model.init_rules_size(),
-        " rules against ", tensors.size(), " tensors is ",
-        words * tensors.size(),
-        " units of work (tensors x rules, a pattern of 64 or more items "
-        "counting once per 64); the limit is ",
+        " rules against ", name_bytes, " bytes of tensor names is ",
+        words * name_bytes,
+        " steps (name bytes x rules, a pattern with n >= 64 items other "
+        "than '*' counting ceil((n + 1) / 64) times); the limit is ",
         kMaxRuleMatchWork,
         ". Use fewer rules (one pattern can cover many tensors) or "
         "per-tensor inits"));

@@ -25,11 +25,11 @@ namespace materializer::init {
 
 // Bounds on the matching work a request can ask for (docs/api.md): at most
 // kMaxInitRules rules, patterns of at most init::kMaxPatternBytes, and
-// tensors x (the rules' glob words, glob.h) at most kMaxRuleMatchWork,
-// where a pattern of fewer than 64 items is one word. At the bound, a
-// resolution is a few seconds of one core.
+// (bytes of all tensor names) x (the rules' glob words, glob.h) at most
+// kMaxRuleMatchWork: each unit is one step of one match, so the bound is
+// on the time itself (a few seconds of one core).
 inline constexpr int kMaxInitRules = 1024;
-inline constexpr uint64_t kMaxRuleMatchWork = uint64_t{1} << 24;
+inline constexpr uint64_t kMaxRuleMatchWork = uint64_t{1} << 30;
 
 struct ResolvedInit {
   // Unset for a tied tensor (nothing to write: its storage is its root's).
