@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/session.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -18,14 +20,6 @@
 
 namespace materializer::client {
 namespace {
-
-// Every channel's credentials come from here. Today the server only offers
-// its insecure loopback development mode; mTLS and bearer tokens will be
-// chosen here from new ClientOptions fields.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
-MakeChannelCredentials(const ClientOptions& options) {
-  return grpc::InsecureChannelCredentials();
-}
 
 absl::Status ValidateOptions(const ClientOptions& options) {
   if (options.target.empty()) {
@@ -43,10 +37,10 @@ absl::Status ValidateOptions(const ClientOptions& options) {
   }
   if (options.timeout <= absl::ZeroDuration() ||
       options.fetch_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions.timeout and fetch_timeout must be positive, got ",
-                     absl::FormatDuration(options.timeout), " and ",
-                     absl::FormatDuration(options.fetch_timeout)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions.timeout and fetch_timeout must be positive, got ",
+        absl::FormatDuration(options.timeout), " and ",
+        absl::FormatDuration(options.fetch_timeout)));
   }
   if (options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -158,10 +152,9 @@ absl::Status HashPrefix(int fd, uint64_t length, const std::string& path,
                         delivery::Hasher* hasher) {
   std::string buffer(std::min<uint64_t>(length, 8 << 20), '\0');
   for (uint64_t done = 0; done < length;) {
-    const ssize_t n =
-        ::pread(fd, buffer.data(),
-                std::min<uint64_t>(buffer.size(), length - done),
-                static_cast<off_t>(done));
+    const ssize_t n = ::pread(fd, buffer.data(),
+                              std::min<uint64_t>(buffer.size(), length - done),
+                              static_cast<off_t>(done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return absl::ErrnoToStatus(errno, absl::StrCat("reading ", path));
@@ -178,12 +171,9 @@ absl::Status HashPrefix(int fd, uint64_t length, const std::string& path,
 
 // The body of FetchToFile once `partial` is open as `file`: fetch, check,
 // fsync, rename.
-absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
-                                             const std::string& handle,
-                                             const std::string& path,
-                                             const std::string& partial,
-                                             File& file,
-                                             const FetchFileOptions& options) {
+absl::StatusOr<FetchResult> FetchIntoPartial(
+    Client& client, const std::string& handle, const std::string& path,
+    const std::string& partial, File& file, const FetchFileOptions& options) {
   uint64_t start = 0;
   delivery::Hasher prefix;
   if (options.resume) {
@@ -200,8 +190,10 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
   request.set_chunk_bytes(options.chunk_bytes);
   request.set_include_non_persistent(options.include_non_persistent);
   request.set_write_ties_once(options.write_ties_once);
-  for (const std::string& pattern : options.include) request.add_include(pattern);
-  for (const std::string& pattern : options.exclude) request.add_exclude(pattern);
+  for (const std::string& pattern : options.include)
+    request.add_include(pattern);
+  for (const std::string& pattern : options.exclude)
+    request.add_exclude(pattern);
 
   bool started = false;
   absl::StatusOr<FetchResult> total = client.Fetch(
@@ -225,9 +217,9 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
         absl::StrContains(total.status().message(), "the file's digest is")) {
       // Some byte on disk is wrong: a resume from it cannot succeed.
       ::unlink(partial.c_str());
-      return absl::DataLossError(absl::StrCat(
-          total.status().message(), "; removed ", partial,
-          ", fetch again from the start"));
+      return absl::DataLossError(absl::StrCat(total.status().message(),
+                                              "; removed ", partial,
+                                              ", fetch again from the start"));
     }
     if (start > 0 && total.status().code() == absl::StatusCode::kOutOfRange) {
       return absl::OutOfRangeError(absl::StrCat(
@@ -243,10 +235,9 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
   if (size != total->total_bytes) {
     // The stream was checked to end exactly at total_bytes, so this means
     // something else wrote to the .partial file meanwhile.
-    return absl::DataLossError(absl::StrCat(partial, " holds ", size,
-                                            " bytes, but the file of ", handle,
-                                            " is ", total->total_bytes,
-                                            " bytes"));
+    return absl::DataLossError(
+        absl::StrCat(partial, " holds ", size, " bytes, but the file of ",
+                     handle, " is ", total->total_bytes, " bytes"));
   }
   if (::fsync(file.fd()) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", partial));
@@ -262,54 +253,73 @@ absl::StatusOr<FetchResult> FetchIntoPartial(Client& client,
 
 }  // namespace
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  // grpc::StatusCode and absl::StatusCode share the canonical numbering.
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
-
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ClientOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   MakeChannelCredentials(options));
-  grpc::ChannelArguments arguments;
-  arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
-  arguments.SetMaxSendMessageSize(options.max_message_bytes);
-  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
-                   static_cast<int>(absl::ToInt64Milliseconds(options.keepalive)));
-  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                   static_cast<int>(absl::ToInt64Milliseconds(options.keepalive)));
-  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.target, credentials, arguments);
-  if (channel == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("cannot create a channel to ", options.target));
-  }
-  return std::unique_ptr<Client>(new Client(options, std::move(channel)));
+  std::unique_ptr<Client> client(new Client(options));
+  ASSIGN_OR_RETURN(client->credentials_,
+                   MakeChannelCredentials(options.security));
+  Client* raw = client.get();
+  client->replicas_ = std::make_unique<ReplicaSet>(
+      options.target,
+      [raw](const Endpoint& endpoint) {
+        const ClientOptions& o = raw->options_;
+        grpc::ChannelArguments arguments;
+        arguments.SetMaxReceiveMessageSize(o.max_message_bytes);
+        arguments.SetMaxSendMessageSize(o.max_message_bytes);
+        arguments.SetInt(
+            GRPC_ARG_KEEPALIVE_TIME_MS,
+            static_cast<int>(absl::ToInt64Milliseconds(o.keepalive)));
+        arguments.SetInt(
+            GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+            static_cast<int>(absl::ToInt64Milliseconds(o.keepalive)));
+        arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+        arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+        // The name the server's certificate must carry: the one asked for,
+        // else the host name an IP address was looked up from.
+        const std::string& tls_name = o.security.tls_server_name.empty()
+                                          ? endpoint.tls_name
+                                          : o.security.tls_server_name;
+        if (o.security.UsesTls() && !tls_name.empty()) {
+          arguments.SetSslTargetNameOverride(tls_name);
+        }
+        return grpc::CreateCustomChannel(endpoint.address, raw->credentials_,
+                                         arguments);
+      },
+      [raw](grpc::ClientContext* context, absl::Duration timeout) {
+        raw->PrepareContext(context, timeout);
+      },
+      options.discovery_timeout);
+  return client;
 }
 
-Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
-    : options_(std::move(options)),
-      channel_(std::move(channel)),
-      stub_(v1::Materializer::NewStub(channel_)),
-      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {
-  if (options_.session) {
-    session_ = std::make_unique<SessionKeeper>(
-        stub_.get(), [this](grpc::ClientContext* context) {
-          PrepareContext(context, absl::InfiniteDuration());
-        });
-  }
-}
+Client::Client(ClientOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::string> Client::SessionId(absl::Duration timeout) {
-  if (session_ == nullptr) {
+  if (!options_.session) {
     return absl::FailedPreconditionError(
         "this client keeps no session (ClientOptions::session is off)");
   }
-  return session_->WaitForSession(timeout);
+  if (!replicas_->single()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options_.target,
+        " has several replicas, and a session on each replica this client "
+        "materializes on: ask for the one of a handle (SessionIdOf)"));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Replica>> replicas,
+                   replicas_->ForId(""));
+  return replicas.front()->session().WaitForSession(timeout);
+}
+
+absl::StatusOr<std::string> Client::SessionIdOf(absl::string_view handle,
+                                                absl::Duration timeout) {
+  if (!options_.session) {
+    return absl::FailedPreconditionError(
+        "this client keeps no session (ClientOptions::session is off)");
+  }
+  ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Replica>> replicas,
+                   replicas_->ForId(handle));
+  return replicas.front()->session().WaitForSession(timeout);
 }
 
 void Client::PrepareContext(grpc::ClientContext* context,
@@ -323,136 +333,291 @@ void Client::PrepareContext(grpc::ClientContext* context,
   }
 }
 
-absl::StatusOr<v1::PlanResponse> Client::Plan(const v1::PlanRequest& request) {
+template <typename Response, typename Rpc>
+absl::StatusOr<Response> Client::CallOn(Replica& replica, const Rpc& rpc) {
   grpc::ClientContext context;
   PrepareContext(&context);
-  v1::PlanResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Plan(&context, request, &response)));
+  Response response;
+  const absl::Status status =
+      FromGrpcStatus(rpc(replica.stub(), &context, &response));
+  if (!status.ok()) return replicas_->Explain(replica, status);
   return response;
+}
+
+template <typename Response, typename Rpc>
+absl::StatusOr<Response> Client::CallFor(absl::string_view id, const Rpc& rpc) {
+  ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Replica>> replicas,
+                   replicas_->ForId(id));
+  // One replica, unless the id names none and there are several: then the
+  // first that knows the id answers; NOT_FOUND only if every one said so.
+  absl::Status unavailable;
+  absl::Status not_found;
+  for (const std::shared_ptr<Replica>& replica : replicas) {
+    absl::StatusOr<Response> response = CallOn<Response>(*replica, rpc);
+    if (replicas.size() == 1 || response.ok()) return response;
+    switch (response.status().code()) {
+      case absl::StatusCode::kNotFound:
+        not_found = response.status();
+        break;
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kDeadlineExceeded:
+        unavailable = response.status();
+        break;
+      default:
+        return response;
+    }
+  }
+  return unavailable.ok() ? not_found : unavailable;
+}
+
+template <typename T, typename Call>
+absl::StatusOr<std::vector<FromReplica<T>>> Client::OnEveryReplica(
+    const Call& call) {
+  ASSIGN_OR_RETURN(
+      const std::vector<Discovered> found,
+      replicas_->single()
+          ? absl::StatusOr<std::vector<Discovered>>(std::vector<Discovered>{})
+          : replicas_->Reachable());
+  std::vector<std::shared_ptr<Replica>> targets;
+  std::vector<FromReplica<T>> results;
+  if (replicas_->single()) {
+    ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Replica>> only,
+                     replicas_->ForId(""));
+    targets = std::move(only);
+    results.resize(1);
+  } else {
+    results.resize(found.size());
+    for (size_t i = 0; i < found.size(); ++i) {
+      targets.push_back(found[i].replica);
+      results[i].address = found[i].address;
+      if (found[i].replica == nullptr) results[i].result = found[i].status;
+    }
+  }
+  std::vector<std::thread> callers;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i] == nullptr) continue;
+    results[i].replica = targets[i]->name();
+    results[i].address = targets[i]->address();
+    callers.emplace_back([&, i] { results[i].result = call(*targets[i]); });
+  }
+  for (std::thread& caller : callers) caller.join();
+  return results;
+}
+
+absl::StatusOr<v1::PlanResponse> Client::Plan(const v1::PlanRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,
+                   replicas_->ForPlacement(request.placement()));
+  return CallOn<v1::PlanResponse>(
+      *replica, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                    v1::PlanResponse* response) {
+        return stub.Plan(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::MaterializeResponse> Client::Materialize(
     const v1::MaterializeRequest& request) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  if (session_ != nullptr) {
-    // Bind the handle to this client's session.
-    ASSIGN_OR_RETURN(std::string session, session_->WaitForSession(
-                                              absl::Seconds(30)));
-    context.AddMetadata(kSessionMetadataKey, session);
+  ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,
+                   replicas_->ForPlacement(request.placement()));
+  std::string session;
+  if (options_.session) {
+    // Bind the handle to this client's session on that replica.
+    absl::StatusOr<std::string> id =
+        replica->session().WaitForSession(absl::Seconds(30));
+    if (!id.ok()) return replicas_->Explain(*replica, id.status());
+    session = *std::move(id);
   }
-  v1::MaterializeResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->Materialize(&context, request, &response)));
-  return response;
+  return CallOn<v1::MaterializeResponse>(
+      *replica, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                    v1::MaterializeResponse* response) {
+        if (!session.empty())
+          context->AddMetadata(kSessionMetadataKey, session);
+        return stub.Materialize(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::HandleInfo> Client::Describe(absl::string_view handle) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
   v1::DescribeRequest request;
   request.set_handle(std::string(handle));
-  v1::HandleInfo response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->Describe(&context, request, &response)));
-  return response;
+  return CallFor<v1::HandleInfo>(
+      handle, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                  v1::HandleInfo* response) {
+        return stub.Describe(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::ReleaseResponse> Client::Release(absl::string_view handle,
                                                     bool force) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
   v1::ReleaseRequest request;
   request.set_handle(std::string(handle));
   request.set_force(force);
-  v1::ReleaseResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Release(&context, request, &response)));
-  return response;
+  return CallFor<v1::ReleaseResponse>(
+      handle, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                  v1::ReleaseResponse* response) {
+        return stub.Release(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::RenewResponse> Client::Renew(absl::string_view handle) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
   v1::RenewRequest request;
   request.set_handle(std::string(handle));
-  v1::RenewResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Renew(&context, request, &response)));
-  return response;
-}
-
-absl::StatusOr<v1::ListHandlesResponse> Client::ListHandles() {
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::ListHandlesResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(
-      stub_->ListHandles(&context, v1::ListHandlesRequest(), &response)));
-  return response;
-}
-
-absl::StatusOr<v1::GetStatsResponse> Client::GetStats() {
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::GetStatsResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(
-      stub_->GetStats(&context, v1::GetStatsRequest(), &response)));
-  return response;
+  return CallFor<v1::RenewResponse>(
+      handle, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                  v1::RenewResponse* response) {
+        return stub.Renew(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::FileLayout> Client::DescribeFile(
     const v1::FetchRequest& request) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::FileLayout response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->DescribeFile(&context, request, &response)));
-  return response;
+  return CallFor<v1::FileLayout>(
+      request.handle(),
+      [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+          v1::FileLayout* response) {
+        return stub.DescribeFile(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::ExportResponse> Client::ExportHandle(
     absl::string_view handle, absl::string_view importer_device_uuid) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
   v1::ExportRequest request;
   request.set_handle(std::string(handle));
   request.set_importer_device_uuid(std::string(importer_device_uuid));
-  v1::ExportResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->ExportHandle(&context, request, &response)));
-  return response;
+  return CallFor<v1::ExportResponse>(
+      handle, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                  v1::ExportResponse* response) {
+        return stub.ExportHandle(context, request, response);
+      });
 }
 
 absl::StatusOr<v1::CloseExportResponse> Client::CloseExport(
     absl::string_view export_id) {
-  grpc::ClientContext context;
-  PrepareContext(&context);
   v1::CloseExportRequest request;
   request.set_export_id(std::string(export_id));
-  v1::CloseExportResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->CloseExport(&context, request, &response)));
-  return response;
+  // An export id ends with its handle's id, so it names the same replica.
+  return CallFor<v1::CloseExportResponse>(
+      export_id, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                     v1::CloseExportResponse* response) {
+        return stub.CloseExport(context, request, response);
+      });
 }
 
-absl::StatusOr<std::string> Client::Health() {
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service("");
-  grpc::health::v1::HealthCheckResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(health_stub_->Check(&context, request, &response)));
-  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
-      response.status());
+absl::StatusOr<HandleList> Client::ListHandles() {
+  ASSIGN_OR_RETURN(
+      std::vector<FromReplica<v1::ListHandlesResponse>> each,
+      OnEveryReplica<v1::ListHandlesResponse>([this](Replica& replica) {
+        return CallOn<v1::ListHandlesResponse>(
+            replica,
+            [](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+               v1::ListHandlesResponse* response) {
+              return stub.ListHandles(context, v1::ListHandlesRequest(),
+                                      response);
+            });
+      }));
+  HandleList list;
+  bool any = false;
+  for (FromReplica<v1::ListHandlesResponse>& entry : each) {
+    if (!entry.result.ok()) {
+      list.failed.push_back(std::move(entry));
+      continue;
+    }
+    any = true;
+    for (v1::HandleSummary& handle : *entry.result->mutable_handles()) {
+      *list.handles.add_handles() = std::move(handle);
+    }
+  }
+  if (!any) return list.failed.front().result.status();
+  auto& handles = *list.handles.mutable_handles();
+  std::stable_sort(handles.begin(), handles.end(),
+                   [](const v1::HandleSummary& a, const v1::HandleSummary& b) {
+                     const auto& x = a.created_at();
+                     const auto& y = b.created_at();
+                     if (x.seconds() != y.seconds()) {
+                       return x.seconds() < y.seconds();
+                     }
+                     if (x.nanos() != y.nanos()) return x.nanos() < y.nanos();
+                     return a.handle() < b.handle();
+                   });
+  return list;
+}
+
+absl::StatusOr<std::vector<FromReplica<v1::GetStatsResponse>>>
+Client::GetStats() {
+  return OnEveryReplica<v1::GetStatsResponse>([this](Replica& replica) {
+    return CallOn<v1::GetStatsResponse>(
+        replica, [](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                    v1::GetStatsResponse* response) {
+          return stub.GetStats(context, v1::GetStatsRequest(), response);
+        });
+  });
+}
+
+absl::StatusOr<std::vector<FromReplica<std::string>>> Client::Health() {
+  return OnEveryReplica<std::string>(
+      [this](Replica& replica) -> absl::StatusOr<std::string> {
+        grpc::ClientContext context;
+        PrepareContext(&context);
+        grpc::health::v1::HealthCheckRequest request;
+        request.set_service("");
+        grpc::health::v1::HealthCheckResponse response;
+        const absl::Status status = FromGrpcStatus(
+            replica.health().Check(&context, request, &response));
+        if (!status.ok()) return replicas_->Explain(replica, status);
+        return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+            response.status());
+      });
+}
+
+absl::StatusOr<std::vector<FromReplica<v1::ServerInfo>>> Client::Replicas() {
+  ASSIGN_OR_RETURN(const std::vector<Discovered> found, replicas_->Discover());
+  std::vector<FromReplica<v1::ServerInfo>> out;
+  for (const Discovered& entry : found) {
+    FromReplica<v1::ServerInfo> one;
+    one.address = entry.address;
+    if (entry.replica == nullptr) {
+      one.result = entry.status;
+    } else {
+      one.replica = entry.info.replica();
+      one.result = entry.info;
+    }
+    out.push_back(std::move(one));
+  }
+  return out;
 }
 
 absl::StatusOr<FetchResult> Client::Fetch(
     const v1::FetchRequest& request,
     const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
     delivery::Hasher* prefix) {
+  ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Replica>> replicas,
+                   replicas_->ForId(request.handle()));
+  // As CallFor: an id that names no replica is tried on each until one
+  // knows it (before any chunk arrives).
+  absl::Status last;
+  for (const std::shared_ptr<Replica>& replica : replicas) {
+    bool received = false;
+    absl::StatusOr<FetchResult> result =
+        FetchFrom(*replica, request, on_chunk, prefix, &received);
+    if (result.ok() || received || replicas.size() == 1) return result;
+    const absl::StatusCode code = result.status().code();
+    if (code != absl::StatusCode::kNotFound &&
+        code != absl::StatusCode::kUnavailable) {
+      return result;
+    }
+    if (last.ok() || code == absl::StatusCode::kUnavailable) {
+      last = result.status();
+    }
+  }
+  return last;
+}
+
+absl::StatusOr<FetchResult> Client::FetchFrom(
+    Replica& replica, const v1::FetchRequest& request,
+    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+    delivery::Hasher* prefix, bool* received) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.fetch_timeout);
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
-      stub_->FetchWeights(&context, request);
+      replica.stub().FetchWeights(&context, request);
 
   // The whole file's digest, when every byte before the offset is in
   // `prefix` (or there is none).
@@ -471,6 +636,7 @@ absl::StatusOr<FetchResult> Client::Fetch(
   // Why we stopped reading before the server finished, if we did.
   absl::Status stopped;
   while (reader->Read(&chunk)) {
+    *received = true;
     stopped = CheckChunk(request, chunk, first, next_offset, total_bytes);
     if (stopped.ok()) stopped = on_chunk(chunk);
     if (!stopped.ok()) break;
@@ -490,7 +656,10 @@ absl::StatusOr<FetchResult> Client::Fetch(
     reader->Finish().IgnoreError();
     return stopped;
   }
-  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (absl::Status finished = FromGrpcStatus(reader->Finish());
+      !finished.ok()) {
+    return replicas_->Explain(replica, finished);
+  }
   if (first) {
     return absl::DataLossError(
         absl::StrCat("fetch of ", request.handle(),
@@ -512,10 +681,10 @@ absl::StatusOr<FetchResult> Client::Fetch(
   if (hasher != nullptr) {
     const std::string computed = delivery::FormatDigest(hasher->Finish());
     if (computed != digest) {
-      return absl::DataLossError(absl::StrCat(
-          "fetch of ", request.handle(), ": the file's digest is ", computed,
-          " but the server's is ", digest,
-          ": some byte was corrupted on the way or on disk"));
+      return absl::DataLossError(
+          absl::StrCat("fetch of ", request.handle(), ": the file's digest is ",
+                       computed, " but the server's is ", digest,
+                       ": some byte was corrupted on the way or on disk"));
     }
     result.verified = true;
   }

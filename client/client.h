@@ -7,9 +7,18 @@
 // file (safetensors, torch or raw) atomically and can resume an
 // interrupted transfer.
 //
+// It speaks every identity mode of the server (credentials.h: TLS, mTLS,
+// bearer tokens, or the development mode), and talks to one server or to
+// several replicas: given a target with several addresses (a headless
+// Service's DNS name, or "host:port,host:port"), it sends Materialize to
+// the replica with the most free memory and every call naming a handle to
+// the replica the handle's id names (replica_set.h, docs/api.md "Several
+// replicas").
+//
 //   ClientOptions options;
-//   options.target = "127.0.0.1:50051";
-//   options.client_name = "alice";
+//   options.target = "materializer.ml.svc.cluster.local:50051";
+//   options.security.tls_ca_file = "ca.pem";
+//   ASSIGN_OR_RETURN(options.security.token, ReadTokenFile("token"));
 //   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(options));
 //   ASSIGN_OR_RETURN(v1::MaterializeResponse made,
 //                    client->Materialize(request));
@@ -27,13 +36,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/channel.h"
+#include "client/credentials.h"
+#include "client/grpc_status.h"
+#include "client/replica_set.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/support/status.h"
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "materializer/v1/materializer.pb.h"
-#include "client/session.h"
 #include "server/delivery/digest.h"
 
 namespace materializer::client {
@@ -44,34 +52,41 @@ namespace materializer::client {
 inline constexpr char kClientMetadataKey[] = "x-materializer-client";
 
 struct ClientOptions {
-  // host:port, or any gRPC target ("unix:/path", "dns:///host:port").
+  // host:port; a comma-separated list of host:port (replicas); or any gRPC
+  // target ("unix:/path", "dns:///host:port"), taken as one server. A host
+  // name with several addresses is a set of replicas (targets.h).
   std::string target = "127.0.0.1:50051";
-  // Sent as kClientMetadataKey when non-empty. Printable ASCII only, since
-  // it travels as an HTTP/2 header value.
+  // TLS, client certificate, bearer token (credentials.h). Default: none,
+  // the server's development mode.
+  Security security;
+  // Sent as kClientMetadataKey when non-empty (the development mode's
+  // identity; a TLS server ignores it). Printable ASCII only, since it
+  // travels as an HTTP/2 header value.
   std::string client_name;
   // Deadline of each unary call, measured from its start.
   absl::Duration timeout = absl::Minutes(10);
   // Deadline of a whole FetchWeights stream. None by default: a fetch takes
   // as long as its size needs, and a dead peer is detected by the transport.
   absl::Duration fetch_timeout = absl::InfiniteDuration();
+  // Deadline of each GetServerInfo that finds the replicas (several
+  // addresses only): a replica that does not answer within it is reported
+  // as not answering.
+  absl::Duration discovery_timeout = absl::Seconds(5);
   // Largest message sent or received. Must exceed the largest fetch chunk
   // (4 MiB - 4 KiB) and the largest Plan/Describe response the caller expects:
   // a plan of a million tensors runs to hundreds of MiB.
   int max_message_bytes = 256 << 20;  // the server's default too
-  // Keep a session (an Attach stream) for the client's lifetime and bind
-  // every handle this client materializes to it: the handles live as long
-  // as the client, and the server frees them (after its grace period) when
-  // the client goes away, however it goes away. Off: handles are detached
-  // and live by their lease (MaterializeRequest.ttl), as matctl's are.
+  // Keep a session (an Attach stream) on each server this client
+  // materializes on, for the client's lifetime, and bind every handle it
+  // materializes to it: the handles live as long as the client, and the
+  // server frees them (after its grace period) when the client goes away,
+  // however it goes away. Off: handles are detached and live by their lease
+  // (MaterializeRequest.ttl), as matctl's are.
   bool session = true;
   // Keepalive pings on an idle connection (the server accepts one every
   // 5 s or more), so either side notices a dead peer.
   absl::Duration keepalive = absl::Seconds(10);
 };
-
-// The one place that maps a gRPC status to an absl::Status: same code, same
-// message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // What a fetch delivered.
 struct FetchResult {
@@ -85,33 +100,54 @@ struct FetchResult {
   bool verified = false;
 };
 
-// A connection to one materializer server.
+// One server's answer to a call made on every server.
+template <typename T>
+struct FromReplica {
+  // The replica's name ("" for a single server or an unnamed replica) and
+  // the address it was reached at (or that did not answer).
+  std::string replica;
+  std::string address;
+  absl::StatusOr<T> result;
+};
+
+// ListHandles over every replica.
+struct HandleList {
+  // The handles of every replica that answered, oldest first.
+  v1::ListHandlesResponse handles;
+  // The replicas (or addresses) that did not answer, with why.
+  std::vector<FromReplica<v1::ListHandlesResponse>> failed;
+};
+
+// A connection to one materializer server, or to a set of replicas.
 //
 // Thread-safe: every method may be called from several threads at once
-// (gRPC channels and stubs are thread-safe, and the client holds no other
-// mutable state). Calls are blocking.
+// (gRPC channels and stubs are thread-safe, and the replica set guards its
+// own state). Calls are blocking.
 class Client {
  public:
-  // Validates `options` (INVALID_ARGUMENT) and creates the channel. Does not
-  // wait for the server: a server that is down shows up as UNAVAILABLE from
-  // the first call.
+  // Validates `options` (INVALID_ARGUMENT; a token without TLS is one) and
+  // reads the TLS files (credentials.h). Does not wait for the server: a
+  // server that is down shows up as UNAVAILABLE from the first call.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const ClientOptions& options);
 
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
+  // Both go to the server or replica with the most room for
+  // request.placement().
   absl::StatusOr<v1::PlanResponse> Plan(const v1::PlanRequest& request);
   absl::StatusOr<v1::MaterializeResponse> Materialize(
       const v1::MaterializeRequest& request);
+  // Calls naming a handle or export go to the replica its id names. When
+  // that replica has gone: NOT_FOUND if every other replica answered
+  // discovery, UNAVAILABLE if it may just be unreachable; both name it.
   absl::StatusOr<v1::HandleInfo> Describe(absl::string_view handle);
   // `force` releases an exported handle too (ReleaseRequest.force).
   absl::StatusOr<v1::ReleaseResponse> Release(absl::string_view handle,
                                               bool force = false);
-  absl::StatusOr<v1::ListHandlesResponse> ListHandles();
   // Renews a detached handle's lease.
   absl::StatusOr<v1::RenewResponse> Renew(absl::string_view handle);
-  absl::StatusOr<v1::GetStatsResponse> GetStats();
   // The layout a FetchWeights with `request` would stream.
   absl::StatusOr<v1::FileLayout> DescribeFile(const v1::FetchRequest& request);
   // Zero-copy export for a co-located process (export_import.h maps it).
@@ -120,9 +156,17 @@ class Client {
   absl::StatusOr<v1::CloseExportResponse> CloseExport(
       absl::string_view export_id);
 
-  // The server's overall serving status from grpc.health.v1.Health/Check
+  // The caller's handles on every replica, merged. Fails only when no
+  // replica answers; the others' failures are in HandleList::failed.
+  absl::StatusOr<HandleList> ListHandles();
+  // GetStats of each replica (one entry for a single server).
+  absl::StatusOr<std::vector<FromReplica<v1::GetStatsResponse>>> GetStats();
+  // Each replica's overall serving status from grpc.health.v1.Health/Check
   // (service ""), by name: "SERVING", "NOT_SERVING", ...
-  absl::StatusOr<std::string> Health();
+  absl::StatusOr<std::vector<FromReplica<std::string>>> Health();
+  // GetServerInfo at every address of the target (the replicas, their
+  // advertised addresses and free memory), in target order.
+  absl::StatusOr<std::vector<FromReplica<v1::ServerInfo>>> Replicas();
 
   // Streams the file of `request.handle()` from `request.offset()` and calls
   // `on_chunk` for each chunk, in order, on the calling thread. The bytes
@@ -146,13 +190,18 @@ class Client {
 
   const ClientOptions& options() const { return options_; }
 
-  // The session handles are bound to (ClientOptions::session), once
-  // attached; the attach error otherwise.
+  // The session handles are bound to (ClientOptions::session) on a single
+  // server, once attached; the attach error otherwise. With several
+  // replicas sessions are per replica: FAILED_PRECONDITION, use
+  // SessionIdOf.
   absl::StatusOr<std::string> SessionId(
       absl::Duration timeout = absl::Seconds(30));
+  // The session on the replica that holds `handle`.
+  absl::StatusOr<std::string> SessionIdOf(
+      absl::string_view handle, absl::Duration timeout = absl::Seconds(30));
 
  private:
-  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  explicit Client(ClientOptions options);
 
   // Applies the deadline and the identity metadata to a fresh context.
   void PrepareContext(grpc::ClientContext* context,
@@ -161,12 +210,26 @@ class Client {
     PrepareContext(context, options_.timeout);
   }
 
+  // Runs a unary `rpc(stub, context, response)` on the replica `id` names
+  // (each replica in turn for an id that names none, until one knows it).
+  template <typename Response, typename Rpc>
+  absl::StatusOr<Response> CallFor(absl::string_view id, const Rpc& rpc);
+  // Runs `rpc` on `replica` once; errors explained by the replica set.
+  template <typename Response, typename Rpc>
+  absl::StatusOr<Response> CallOn(Replica& replica, const Rpc& rpc);
+
+  // Runs `call(replica)` on every replica found now, in parallel.
+  template <typename T, typename Call>
+  absl::StatusOr<std::vector<FromReplica<T>>> OnEveryReplica(const Call& call);
+
+  absl::StatusOr<FetchResult> FetchFrom(
+      Replica& replica, const v1::FetchRequest& request,
+      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+      delivery::Hasher* prefix, bool* received);
+
   const ClientOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::Materializer::Stub> stub_;
-  const std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
-  // Declared last, destroyed first: ends the session while the stub lives.
-  std::unique_ptr<SessionKeeper> session_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  std::unique_ptr<ReplicaSet> replicas_;
 };
 
 struct FetchFileOptions {

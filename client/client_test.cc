@@ -377,7 +377,9 @@ TEST_F(ClientTest, SendsClientNameAsMetadata) {
   ASSERT_NE(alice, nullptr);
   ASSERT_OK_AND_ASSIGN(const v1::HandleInfo info, alice->Describe("h-1"));
   EXPECT_EQ(info.owner(), "alice");
-  ASSERT_OK_AND_ASSIGN(const v1::GetStatsResponse stats, alice->GetStats());
+  ASSERT_OK_AND_ASSIGN(const auto each, alice->GetStats());
+  ASSERT_EQ(each.size(), 1u);  // one server
+  ASSERT_OK_AND_ASSIGN(const v1::GetStatsResponse stats, each[0].result);
   ASSERT_EQ(stats.clients_size(), 1);
   EXPECT_EQ(stats.clients(0).client(), "alice");
 }
@@ -409,10 +411,10 @@ TEST_F(ClientTest, UnaryCallsReturnTheServersResponses) {
   EXPECT_EQ(made.handle(), "h-1");
   EXPECT_EQ(made.state(), v1::HANDLE_STATE_MATERIALIZING);
 
-  ASSERT_OK_AND_ASSIGN(const v1::ListHandlesResponse list,
-                       client_->ListHandles());
-  ASSERT_EQ(list.handles_size(), 1);
-  EXPECT_EQ(list.handles(0).handle(), "h-1");
+  ASSERT_OK_AND_ASSIGN(const HandleList list, client_->ListHandles());
+  ASSERT_EQ(list.handles.handles_size(), 1);
+  EXPECT_EQ(list.handles.handles(0).handle(), "h-1");
+  EXPECT_TRUE(list.failed.empty());
 
   ASSERT_OK_AND_ASSIGN(const v1::ReleaseResponse released,
                        client_->Release("h-1"));
@@ -421,11 +423,15 @@ TEST_F(ClientTest, UnaryCallsReturnTheServersResponses) {
 }
 
 TEST_F(ClientTest, HealthNamesTheServingStatus) {
-  ASSERT_OK_AND_ASSIGN(const std::string serving, client_->Health());
-  EXPECT_EQ(serving, "SERVING");
+  ASSERT_OK_AND_ASSIGN(const auto serving, client_->Health());
+  ASSERT_EQ(serving.size(), 1u);
+  EXPECT_THAT(serving[0].result, IsOk());
+  EXPECT_EQ(serving[0].result.value_or(""), "SERVING");
+  EXPECT_EQ(serving[0].address, target_);
   server_->GetHealthCheckService()->SetServingStatus(false);
-  ASSERT_OK_AND_ASSIGN(const std::string not_serving, client_->Health());
-  EXPECT_EQ(not_serving, "NOT_SERVING");
+  ASSERT_OK_AND_ASSIGN(const auto not_serving, client_->Health());
+  ASSERT_EQ(not_serving.size(), 1u);
+  EXPECT_EQ(not_serving[0].result.value_or(""), "NOT_SERVING");
 }
 
 TEST_F(ClientTest, FetchDeliversEveryByteInOrder) {

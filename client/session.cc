@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
+#include "client/grpc_status.h"
 
 namespace materializer::client {
 

@@ -78,6 +78,14 @@ ABSL_FLAG(std::string, admin_clients, "",
 ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
           "how long a session outlives its Attach stream before its handles "
           "are released (0 = at once)");
+ABSL_FLAG(std::string, advertise, "",
+          "scale-out: host:port at which clients reach this replica, e.g. "
+          "$(POD_NAME).materializer.ml.svc.cluster.local:50051 (reported by "
+          "GetServerInfo; names the replica unless --replica does)");
+ABSL_FLAG(std::string, replica, "",
+          "scale-out: this replica's name, carried by every handle id it "
+          "issues (a DNS label); default: the first label of --advertise's "
+          "host, or of the host name when that is an IP address");
 ABSL_FLAG(absl::Duration, default_ttl, absl::Hours(1),
           "lease of handles created outside a session when the request "
           "sets no ttl");
@@ -140,6 +148,8 @@ int main(int argc, char** argv) {
     std::cerr << "materializerd: --metrics_client_labels must be >= 0\n";
     return 2;
   }
+  options.advertise = absl::GetFlag(FLAGS_advertise);
+  options.replica = absl::GetFlag(FLAGS_replica);
   if (options.session_grace < absl::ZeroDuration() ||
       options.default_ttl <= absl::ZeroDuration()) {
     std::cerr << "materializerd: --session_grace must be >= 0 and "

@@ -1,7 +1,5 @@
 #include "server/registry/registry.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -24,27 +22,9 @@ absl::Status NotFound(absl::string_view id) {
 
 }  // namespace
 
-std::string NewHandleId() {
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::abort();  // no entropy source: unguessable ids are impossible
-    }
-    filled += static_cast<size_t>(n);
-  }
-  std::string id = "h-";
-  for (unsigned char b : bytes) {
-    absl::StrAppend(&id, absl::Hex(b, absl::kZeroPad2));
-  }
-  return id;
-}
-
 std::shared_ptr<Handle> HandleRegistry::Create(HandleSpec spec) {
-  auto handle =
-      std::make_shared<Handle>(NewHandleId(), absl::Now(), std::move(spec));
+  auto handle = std::make_shared<Handle>(NewHandleId(replica_), absl::Now(),
+                                         std::move(spec));
   absl::MutexLock lock(&mu_);
   handles_.emplace(handle->id(), handle);
   return handle;

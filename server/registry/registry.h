@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -20,11 +21,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/registry/handle.h"
+#include "server/registry/handle_id.h"
 
 namespace materializer::registry {
-
-// A fresh handle id: "h-" and 32 hex digits from the kernel's CSPRNG.
-std::string NewHandleId();
 
 struct ReleaseResult {
   // False when the owner had already released this handle.
@@ -55,7 +54,10 @@ class HandleRegistry {
   // Release can say "already released" instead of NOT_FOUND.
   static constexpr size_t kReleasedMemory = 100000;
 
-  HandleRegistry() = default;
+  // Ids of handles created here name `replica` (handle_id.h); "" for a
+  // single server.
+  explicit HandleRegistry(std::string replica = "")
+      : replica_(std::move(replica)) {}
   HandleRegistry(const HandleRegistry&) = delete;
   HandleRegistry& operator=(const HandleRegistry&) = delete;
 
@@ -107,6 +109,8 @@ class HandleRegistry {
   RegistryCensus Census() const;
 
  private:
+  const std::string replica_;
+
   mutable absl::Mutex mu_;
   // Guards every member below.
   absl::flat_hash_map<std::string, std::shared_ptr<Handle>> handles_

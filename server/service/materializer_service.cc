@@ -12,6 +12,7 @@
 #include "server/service/call_observer.h"
 #include "server/service/fetch_reactor.h"
 #include "server/service/raw_message.h"
+#include "server/service/server_info.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
@@ -63,12 +64,16 @@ MaterializerService::MaterializerService(engine::Engine* engine,
                                          ThreadPool* workers,
                                          const Authenticator* authenticator,
                                          registry::SessionTable* sessions,
-                                         metrics::Metrics* metrics)
+                                         metrics::Metrics* metrics,
+                                         std::string replica,
+                                         std::string advertised_address)
     : engine_(engine),
       workers_(workers),
       authenticator_(authenticator),
       sessions_(sessions),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      replica_(std::move(replica)),
+      advertised_address_(std::move(advertised_address)) {}
 
 template <typename Request, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
@@ -227,6 +232,17 @@ grpc::ServerUnaryReactor* MaterializerService::Renew(
       "Renew", context, request, response,
       [this](const engine::Caller& caller, const v1::RenewRequest& r,
              const Cancelled&) { return engine_->Renew(caller, r); });
+}
+
+grpc::ServerUnaryReactor* MaterializerService::GetServerInfo(
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::GetServerInfoRequest>(
+      "GetServerInfo", context, request, response,
+      [this](const engine::Caller& caller, const v1::GetServerInfoRequest&,
+             const Cancelled&) -> absl::StatusOr<v1::ServerInfo> {
+        return ServerInfoFromStats(replica_, advertised_address_,
+                                   engine_->GetStats(caller));
+      });
 }
 
 }  // namespace materializer::service

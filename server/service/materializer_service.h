@@ -18,6 +18,8 @@
 // fetch chunks are written as serialized messages whose bytes reference
 // the arena (fetch_reactor.h).
 
+#include <string>
+
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
@@ -44,20 +46,21 @@ struct Layers<Base, First, Rest...> {
 }  // namespace internal
 
 // Materializer with every method taking and answering raw bytes.
-using RawMaterializerService =
-    internal::Layers<v1::Materializer::Service,
-                     v1::Materializer::WithRawCallbackMethod_Plan,
-                     v1::Materializer::WithRawCallbackMethod_Materialize,
-                     v1::Materializer::WithRawCallbackMethod_Describe,
-                     v1::Materializer::WithRawCallbackMethod_FetchWeights,
-                     v1::Materializer::WithRawCallbackMethod_Release,
-                     v1::Materializer::WithRawCallbackMethod_ListHandles,
-                     v1::Materializer::WithRawCallbackMethod_GetStats,
-                     v1::Materializer::WithRawCallbackMethod_DescribeFile,
-                     v1::Materializer::WithRawCallbackMethod_Attach,
-                     v1::Materializer::WithRawCallbackMethod_Renew,
-                     v1::Materializer::WithRawCallbackMethod_ExportHandle,
-                     v1::Materializer::WithRawCallbackMethod_CloseExport>::type;
+using RawMaterializerService = internal::Layers<
+    v1::Materializer::Service,
+    v1::Materializer::WithRawCallbackMethod_Plan,
+    v1::Materializer::WithRawCallbackMethod_Materialize,
+    v1::Materializer::WithRawCallbackMethod_Describe,
+    v1::Materializer::WithRawCallbackMethod_FetchWeights,
+    v1::Materializer::WithRawCallbackMethod_Release,
+    v1::Materializer::WithRawCallbackMethod_ListHandles,
+    v1::Materializer::WithRawCallbackMethod_GetStats,
+    v1::Materializer::WithRawCallbackMethod_DescribeFile,
+    v1::Materializer::WithRawCallbackMethod_Attach,
+    v1::Materializer::WithRawCallbackMethod_Renew,
+    v1::Materializer::WithRawCallbackMethod_ExportHandle,
+    v1::Materializer::WithRawCallbackMethod_CloseExport,
+    v1::Materializer::WithRawCallbackMethod_GetServerInfo>::type;
 
 // Thread-safe. The engine, worker pool, authenticator, sessions and
 // metrics must outlive the gRPC server that serves this service. Every
@@ -65,11 +68,14 @@ using RawMaterializerService =
 class MaterializerService final : public RawMaterializerService {
  public:
   // `sessions` may be null (no sessions), and `metrics` (calls are then
-  // only logged).
+  // only logged). `replica` and `advertised_address` are what GetServerInfo
+  // reports (server_info.h).
   MaterializerService(engine::Engine* engine, ThreadPool* workers,
                       const Authenticator* authenticator,
                       registry::SessionTable* sessions,
-                      metrics::Metrics* metrics = nullptr);
+                      metrics::Metrics* metrics = nullptr,
+                      std::string replica = "",
+                      std::string advertised_address = "");
 
   using Reactor = grpc::ServerUnaryReactor;
   using Raw = grpc::ByteBuffer;
@@ -98,6 +104,8 @@ class MaterializerService final : public RawMaterializerService {
       grpc::CallbackServerContext* context) override;
   Reactor* Renew(grpc::CallbackServerContext* context, const Raw* request,
                  Raw* response) override;
+  Reactor* GetServerInfo(grpc::CallbackServerContext* context,
+                         const Raw* request, Raw* response) override;
 
  private:
   // Authenticates, then queues on the worker pool: parse the request as
@@ -112,6 +120,8 @@ class MaterializerService final : public RawMaterializerService {
   const Authenticator* const authenticator_;
   registry::SessionTable* const sessions_;
   metrics::Metrics* const metrics_;
+  const std::string replica_;
+  const std::string advertised_address_;
 };
 
 }  // namespace materializer::service

@@ -1,5 +1,7 @@
 #include "server/service/server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -31,6 +33,7 @@
 #include "server/service/auth.h"
 #include "server/service/health_listener.h"
 #include "server/service/materializer_service.h"
+#include "server/service/server_info.h"
 
 namespace materializer::service {
 
@@ -115,6 +118,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         "pass --allow_insecure_remote where every peer that can reach the "
         "port is trusted"));
   }
+  char hostname[256] = {};
+  ::gethostname(hostname, sizeof(hostname) - 1);
+  ASSIGN_OR_RETURN(std::string replica,
+                   ReplicaNameFor(options.replica, options.advertise, hostname));
   ASSIGN_OR_RETURN(std::vector<memory::DeviceConfig> devices,
                    memory::ConfigureDevices(options.pool));
   ASSIGN_OR_RETURN(memory::QuotaBook quotas, LoadQuotas(options));
@@ -141,7 +148,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       memory::DevicePool::Create(
           devices, std::move(quotas),
           memory::DriverAdmission{server->gpu_driver_.get(), *headroom}));
-  server->registry_ = std::make_unique<registry::HandleRegistry>();
+  server->replica_ = replica;
+  server->registry_ = std::make_unique<registry::HandleRegistry>(replica);
   metrics::StateSources sources;
   sources.pool = server->pool_.get();
   sources.registry = server->registry_.get();
@@ -178,7 +186,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->service_ = std::make_unique<MaterializerService>(
       server->engine_.get(), server->workers_.get(),
       server->authenticator_.get(), server->sessions_.get(),
-      server->metrics_.get());
+      server->metrics_.get(), replica, options.advertise);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -247,6 +255,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
              << " with devices " << absl::StrJoin(summary, ", ") << ", "
              << workers << " workers (at most "
              << server->workers_->max_running_per_key() << " per client)";
+  if (!replica.empty()) {
+    MLOG(INFO) << "replica \"" << replica << "\""
+               << (options.advertise.empty()
+                       ? std::string()
+                       : absl::StrCat(", advertised as ", options.advertise))
+               << ": handle ids end with @" << replica;
+  }
   if (server->authenticator_->insecure()) {
     MLOG(WARNING) << server->authenticator_->Describe();
   } else {

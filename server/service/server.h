@@ -83,6 +83,12 @@ struct ServerOptions {
   absl::Duration session_grace = absl::Seconds(5);
   // Lease of handles created outside a session, when the request sets none.
   absl::Duration default_ttl = absl::Hours(1);
+  // Scale-out (docs/architecture.md, "Scale-out"): the address clients
+  // reach this replica at ("host:port"), and its name, which every handle
+  // id it issues carries (server_info.h derives it from `advertise` when
+  // empty). Both empty: a single server, ids as before.
+  std::string advertise;
+  std::string replica;
   // How often ended sessions and lapsed leases are reaped.
   absl::Duration reap_interval = absl::Milliseconds(200);
   // Observability (docs/operations.md). Prometheus metrics over HTTP on
@@ -110,6 +116,8 @@ class Server {
 
   // The bound address, e.g. "127.0.0.1:41234".
   const std::string& address() const { return address_; }
+  // The replica name handle ids carry; "" for a single server.
+  const std::string& replica() const { return replica_; }
   int port() const { return port_; }
   // The health listener's bound address; empty without health_listen.
   std::string health_address() const;
@@ -130,6 +138,7 @@ class Server {
   Server() = default;
 
   std::string address_;
+  std::string replica_;
   int port_ = 0;
   // Declaration order is teardown order reversed: the gRPC server goes
   // first, then the workers (draining async work), then the engine and the

@@ -1,0 +1,239 @@
+// stats, doctor, health, replicas: the commands about the servers
+// themselves, one section (or row) per replica.
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/command.h"
+#include "client/cli/doctor.h"
+#include "client/cli/render.h"
+#include "client/format.h"
+#include "server/common/status_macros.h"
+#include "server/common/units.h"
+
+namespace materializer::client::cli {
+namespace {
+
+// UNAVAILABLE naming the replicas that failed, after the output of those
+// that answered, so a script sees the result is incomplete.
+template <typename T>
+absl::Status MissingReplicas(const std::vector<FromReplica<T>>& each) {
+  if (each.size() == 1) return each[0].result.status();
+  std::vector<std::string> missing;
+  for (const FromReplica<T>& entry : each) {
+    if (!entry.result.ok()) {
+      missing.push_back(absl::StrCat(ReplicaLabel(entry.replica, entry.address),
+                                     ": ", entry.result.status().message()));
+    }
+  }
+  if (missing.empty()) return absl::OkStatus();
+  // The first one's code: UNAVAILABLE for a replica that did not answer,
+  // UNAUTHENTICATED for one that refused us, ...
+  for (const FromReplica<T>& entry : each) {
+    if (!entry.result.ok()) {
+      return absl::Status(entry.result.status().code(),
+                          absl::StrJoin(missing, "; "));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintStats(std::ostream& out, const v1::GetStatsResponse& stats,
+                const std::string& me) {
+  Table devices(
+      {"DEVICE", "CAPACITY", "RESERVED", "IN USE", "PEAK", "HANDLES"});
+  for (size_t column = 1; column <= 5; ++column) {
+    devices.SetAlign(column, Table::Align::kRight);
+  }
+  for (const v1::DeviceStats& device : stats.devices()) {
+    devices.AddRow({device.device(), FormatBytes(device.capacity_bytes()),
+                    FormatBytes(device.reserved_bytes()),
+                    FormatBytes(device.in_use_bytes()),
+                    FormatBytes(device.peak_bytes()),
+                    absl::StrCat(device.handles())});
+  }
+  out << devices.Render() << "\n";
+  // The server returns the caller's own row (every client's for an admin),
+  // and none for a client holding nothing.
+  if (stats.clients().empty()) {
+    out << (me.empty() ? std::string("you") : absl::StrCat("you (", me, ")"))
+        << " hold nothing\n";
+  } else {
+    auto quota = [](uint64_t bytes) {
+      return bytes == 0 ? std::string("-") : FormatBytes(bytes);
+    };
+    Table clients({"CLIENT", "DEVICE", "RESERVED", "IN USE", "PEAK", "HANDLES",
+                   "QUOTA", "SESSIONS"});
+    for (size_t column = 2; column <= 7; ++column) {
+      clients.SetAlign(column, Table::Align::kRight);
+    }
+    for (const v1::ClientStats& entry : stats.clients()) {
+      clients.AddRow(
+          {entry.client(), "all", FormatBytes(entry.reserved_bytes()),
+           FormatBytes(entry.in_use_bytes()), FormatBytes(entry.peak_bytes()),
+           entry.quota_handles() == 0
+               ? absl::StrCat(entry.handles())
+               : absl::StrCat(entry.handles(), "/", entry.quota_handles()),
+           quota(entry.quota_total_bytes()), absl::StrCat(entry.sessions())});
+      for (const v1::ClientDeviceStats& device : entry.devices()) {
+        if (device.reserved_bytes() == 0 && device.in_use_bytes() == 0 &&
+            device.peak_bytes() == 0) {
+          continue;
+        }
+        clients.AddRow(
+            {"", device.device(), FormatBytes(device.reserved_bytes()),
+             FormatBytes(device.in_use_bytes()),
+             FormatBytes(device.peak_bytes()), absl::StrCat(device.handles()),
+             quota(device.quota_bytes()), ""});
+      }
+    }
+    out << clients.Render();
+  }
+  out << "\nall clients: " << FormatBytes(stats.reserved_bytes())
+      << " reserved, " << FormatBytes(stats.in_use_bytes()) << " in use, "
+      << stats.handles() << (stats.handles() == 1 ? " handle" : " handles")
+      << "\n";
+}
+
+}  // namespace
+
+absl::Status RunStats(Invocation& invocation) {
+  ASSIGN_OR_RETURN(const auto each, invocation.client().GetStats());
+  if (each.size() == 1) RETURN_IF_ERROR(each[0].result.status());
+  std::ostream& out = invocation.out();
+  if (invocation.json()) {
+    std::vector<JsonObject> entries;
+    for (const auto& entry : each) {
+      JsonObject json;
+      json.Str("replica", entry.replica).Str("address", entry.address);
+      if (entry.result.ok()) {
+        json.Message("stats", *entry.result);
+      } else {
+        json.Object("error", StatusJson(entry.result.status()));
+      }
+      entries.push_back(std::move(json));
+    }
+    JsonObject all;
+    all.Array("replicas", entries);
+    PrintJson(out, all);
+    return MissingReplicas(each);
+  }
+  const ClientOptions& options = invocation.client().options();
+  // Under TLS the identity is the certificate's or the token's, which only
+  // the server knows.
+  const std::string me =
+      options.security.UsesTls()
+          ? std::string()
+          : (options.client_name.empty() ? std::string("anonymous")
+                                         : options.client_name);
+  for (size_t i = 0; i < each.size(); ++i) {
+    if (each.size() > 1) {
+      out << (i > 0 ? "\n" : "")
+          << "== " << ReplicaLabel(each[i].replica, each[i].address) << "\n";
+    }
+    if (each[i].result.ok()) {
+      PrintStats(out, *each[i].result, me);
+    } else {
+      out << "did not answer: " << each[i].result.status().message() << "\n";
+    }
+  }
+  return MissingReplicas(each);
+}
+
+absl::Status RunDoctor(Invocation& invocation) {
+  ASSIGN_OR_RETURN(const auto each, invocation.client().GetStats());
+  if (each.size() == 1) RETURN_IF_ERROR(each[0].result.status());
+  if (invocation.json()) {
+    PrintJson(invocation.out(), DoctorJson(each));
+  } else {
+    invocation.out() << RenderDoctor(each);
+  }
+  return MissingReplicas(each);
+}
+
+absl::Status RunHealth(Invocation& invocation) {
+  ASSIGN_OR_RETURN(const auto each, invocation.client().Health());
+  if (each.size() == 1) RETURN_IF_ERROR(each[0].result.status());
+  bool all_serving = true;
+  std::vector<JsonObject> entries;
+  Table table({"REPLICA", "ADDRESS", "STATUS"});
+  for (const auto& entry : each) {
+    const std::string status =
+        entry.result.ok() ? *entry.result : "UNREACHABLE";
+    all_serving &= status == "SERVING";
+    JsonObject json;
+    json.Str("replica", entry.replica)
+        .Str("address", entry.address)
+        .Str("status", status);
+    if (!entry.result.ok()) {
+      json.Object("error", StatusJson(entry.result.status()));
+    }
+    entries.push_back(std::move(json));
+    table.AddRow(
+        {entry.replica.empty() ? "-" : entry.replica, entry.address, status});
+  }
+  const std::string overall = all_serving ? "SERVING" : "NOT_SERVING";
+  if (invocation.json()) {
+    JsonObject all;
+    all.Str("status", overall).Array("replicas", entries);
+    PrintJson(invocation.out(), all);
+  } else if (each.size() == 1 && each[0].result.ok()) {
+    invocation.out() << *each[0].result << "\n";
+  } else {
+    invocation.out() << table.Render();
+  }
+  if (all_serving) return absl::OkStatus();
+  // A probe script reads the exit status; the lines above say which.
+  RETURN_IF_ERROR(MissingReplicas(each));
+  return absl::UnavailableError(
+      each.size() == 1 ? absl::StrCat("the server is ", *each[0].result)
+                       : "not every replica is SERVING");
+}
+
+absl::Status RunReplicas(Invocation& invocation) {
+  ASSIGN_OR_RETURN(const auto each, invocation.client().Replicas());
+  if (each.size() == 1) RETURN_IF_ERROR(each[0].result.status());
+  if (invocation.json()) {
+    std::vector<JsonObject> entries;
+    for (const auto& entry : each) {
+      JsonObject json;
+      json.Str("address", entry.address);
+      if (entry.result.ok()) {
+        json.Message("info", *entry.result);
+      } else {
+        json.Object("error", StatusJson(entry.result.status()));
+      }
+      entries.push_back(std::move(json));
+    }
+    JsonObject all;
+    all.Array("replicas", entries);
+    PrintJson(invocation.out(), all);
+    return MissingReplicas(each);
+  }
+  Table table(
+      {"REPLICA", "ADDRESS", "ADVERTISED", "DEVICE", "FREE", "CAPACITY"});
+  table.SetAlign(4, Table::Align::kRight);
+  table.SetAlign(5, Table::Align::kRight);
+  for (const auto& entry : each) {
+    if (!entry.result.ok()) {
+      table.AddRow({"?", entry.address, "", "", "did not answer"});
+      continue;
+    }
+    const v1::ServerInfo& info = *entry.result;
+    bool first = true;
+    for (const v1::DeviceRoom& device : info.devices()) {
+      table.AddRow(
+          {first ? (info.replica().empty() ? "-" : info.replica()) : "",
+           first ? entry.address : "", first ? info.advertised_address() : "",
+           device.device(), FormatBytes(device.free_bytes()),
+           FormatBytes(device.capacity_bytes())});
+      first = false;
+    }
+  }
+  invocation.out() << table.Render();
+  return MissingReplicas(each);
+}
+
+}  // namespace materializer::client::cli
