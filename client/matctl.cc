@@ -43,6 +43,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/format.h"
+#include "client/request_file.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
@@ -210,54 +211,6 @@ void PrintTruncation(int shown, int total) {
     std::cout << "... " << total - shown
               << " more (--all lists every tensor)\n";
   }
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-  }
-  return text.str();
-}
-
-// The JSON parser's reason for a syntax error is the message, then the
-// text around the error and a line with a caret under it, with blank lines
-// between. Drops the blank lines, and the caret when there is no text
-// around it (an error at the end of the file).
-std::string TidyParseError(absl::string_view reason) {
-  std::vector<absl::string_view> lines;
-  for (absl::string_view line : absl::StrSplit(reason, '\n')) {
-    if (!absl::StripAsciiWhitespace(line).empty()) lines.push_back(line);
-  }
-  if (lines.size() == 2 && absl::StripAsciiWhitespace(lines[1]) == "^") {
-    lines.pop_back();
-  }
-  return absl::StrJoin(lines, "\n");
-}
-
-// Reads a request file. A MaterializeRequest is a PlanRequest plus `label`
-// and `async`, so parsing every file as a MaterializeRequest accepts both
-// kinds while still rejecting unknown fields (typos).
-absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(
-    const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  v1::MaterializeRequest request;
-  const auto status =
-      google::protobuf::util::JsonStringToMessage(text, &request, options);
-  if (!status.ok()) {
-    const auto reason = status.message();
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is not a PlanRequest or MaterializeRequest in proto3 JSON: ",
-        TidyParseError(absl::string_view(reason.data(), reason.size()))));
-  }
-  return request;
 }
 
 // "torch" -> WEIGHT_FORMAT_TORCH.
