@@ -275,7 +275,10 @@ absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
       order.push_back(static_cast<int>(it - devices_.begin()));
     }
   }
-  for (const auto& [name, cap] : request.max_memory) {
+  for (const auto& entry : request.max_memory) {
+    // Not a structured binding: lambdas may capture those only from C++20
+    // (clang refuses it in C++17; the fuzz build uses clang).
+    const std::string& name = entry.first;
     if (std::none_of(order.begin(), order.end(),
                      [&](int i) { return devices_[i].name == name; })) {
       return absl::InvalidArgumentError(absl::StrCat(
