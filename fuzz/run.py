@@ -1,7 +1,8 @@
 """Runs libFuzzer targets built by `./dev fuzz` (--config=fuzz) for a bounded
 time each and reports executions and findings.
 
-    python3 fuzz/run.py --bin-dir DIR --seconds S [--junit OUT.xml] [TARGET...]
+    python3 fuzz/run.py --bin-dir DIR --seconds S [--junit OUT.xml]
+        [--keep-going] [TARGET...] [libFuzzer flags]
 
 Each target fuzzes into a working corpus under .build/fuzz/<target>/corpus
 (kept between runs, not committed), seeded by the committed
@@ -75,12 +76,15 @@ def run_target(binary, target, seconds, extra):
     elapsed = time.monotonic() - start
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
+    # The final stats line, or (fork mode) the last progress line "#N: ...".
     runs = re.findall(r"stat::number_of_executed_units:\s*(\d+)", text)
+    runs += re.findall(r"^#(\d+)", text, flags=re.MULTILINE)
+    runs = sorted(int(n) for n in runs)
     new = sorted(set(os.listdir(findings)) - before)
     return {
         "target": target,
         "code": code,
-        "executions": int(runs[-1]) if runs else 0,
+        "executions": runs[-1] if runs else 0,
         "seconds": elapsed,
         "findings": [os.path.join(findings, n) for n in new],
         "log": log_path,
@@ -123,10 +127,16 @@ def main():
                         help="folder holding the --config=fuzz binaries")
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--junit", help="write a JUnit XML report here")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="fork mode: keep fuzzing after a finding "
+                        "(each is saved; long runs over known bugs)")
     parser.add_argument("targets", nargs="*",
                         help="default: every target with a corpus")
     args, extra = parser.parse_known_args()
     targets = args.targets or targets_with_corpus()
+    if args.keep_going:
+        extra = ["-fork=1", "-ignore_crashes=1", "-ignore_timeouts=1",
+                 "-ignore_ooms=1", *extra]
     results = []
     for target in targets:
         binary = os.path.join(args.bin_dir, target)

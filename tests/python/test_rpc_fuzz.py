@@ -23,4 +23,5 @@ def test_every_rpc_two_identities_fixed_seed():
 def test_bearer_tokens_two_identities_on_one_connection():
     # Each call names its caller: a connection must not remember the
     # identity of an earlier call.
-    check(rpc_fuzzer.run(requests=300, seed=2, tokens=True))
+    check(rpc_fuzzer.run(requests=300, seed=2, tokens=True,
+                         regressions=False))
