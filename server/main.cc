@@ -36,7 +36,13 @@ ABSL_FLAG(int, default_quota_handles, 0,
 ABSL_FLAG(std::string, max_message_size, "256MiB",
           "largest request/response message");
 ABSL_FLAG(int, workers, 0,
-          "threads for materialization work; 0 = one per hardware thread");
+          "threads for request work; 0 = one per hardware thread, at least "
+          "4");
+ABSL_FLAG(int, client_workers, 0,
+          "most workers one client's calls may hold at once; 0 = workers - 1");
+ABSL_FLAG(int, client_queue, 256,
+          "most calls of one client waiting for a worker; more are refused "
+          "with RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(bool, allow_insecure_remote, false,
           "serve the development mode (client identity from unauthenticated "
@@ -76,6 +82,8 @@ int main(int argc, char** argv) {
   options.pool.cpu_capacity = absl::GetFlag(FLAGS_cpu_capacity);
   options.pool.cuda_reserve = absl::GetFlag(FLAGS_cuda_reserve);
   options.workers = absl::GetFlag(FLAGS_workers);
+  options.client_workers = absl::GetFlag(FLAGS_client_workers);
+  options.client_queue = absl::GetFlag(FLAGS_client_queue);
   options.quota_file = absl::GetFlag(FLAGS_quota_file);
   options.default_quota_bytes = absl::GetFlag(FLAGS_default_quota_bytes);
   options.default_quota_handles = absl::GetFlag(FLAGS_default_quota_handles);

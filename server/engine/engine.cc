@@ -42,24 +42,31 @@ struct Prepared {
   spec::Layout layout;
 };
 
+// Every step is linear in the request (the matching of rules is bounded by
+// init::kMaxRuleMatchWork) and the long ones poll `cancelled`.
 absl::StatusOr<Prepared> Prepare(const v1::ModelSpec& model,
+                                 const Cancelled& cancelled,
                                  uint64_t* validate_us, uint64_t* plan_us) {
   const absl::Time start = absl::Now();
   Prepared prepared;
-  ASSIGN_OR_RETURN(prepared.tensors, spec::ValidateTensors(model));
+  ASSIGN_OR_RETURN(prepared.tensors,
+                   spec::ValidateTensors(model, cancelled));
   if (!v1::RngMode_IsValid(model.rng())) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.rng: unknown mode ", model.rng()));
   }
+  RETURN_IF_ERROR(CheckCancelled(cancelled));
   RETURN_IF_ERROR(init::ApplyShards(
       model, init::EffectiveRngMode(model.rng()), prepared.tensors));
+  RETURN_IF_ERROR(CheckCancelled(cancelled));
   ASSIGN_OR_RETURN(prepared.resolution,
-                   init::ResolveInits(model, prepared.tensors));
+                   init::ResolveInits(model, prepared.tensors, cancelled));
   *validate_us = MicrosSince(start);
 
   const absl::Time plan_start = absl::Now();
+  RETURN_IF_ERROR(CheckCancelled(cancelled));
   ASSIGN_OR_RETURN(prepared.layout, spec::ComputeLayout(prepared.tensors));
-  RETURN_IF_ERROR(spec::CheckAgainstMetaTensors(prepared.tensors));
+  RETURN_IF_ERROR(spec::CheckAgainstMetaTensors(prepared.tensors, cancelled));
   *plan_us = MicrosSince(plan_start);
   return prepared;
 }
@@ -82,8 +89,7 @@ absl::Status Build(registry::Handle& handle,
                    std::vector<memory::Reservation> reservations,
                    const PartLayouts* parts,
                    const std::vector<init::ResolvedInit>& inits,
-                   v1::PhaseTimings* timings,
-                   const std::function<bool()>& cancelled) {
+                   v1::PhaseTimings* timings, const Cancelled& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
   const absl::Time allocate_start = absl::Now();
   std::unique_ptr<memory::Arena> arena;
@@ -127,11 +133,12 @@ Engine::Engine(memory::DevicePool* pool, registry::HandleRegistry* registry,
       options_(std::move(options)) {}
 
 absl::StatusOr<v1::PlanResponse> Engine::Plan(
-    const Caller& caller, const v1::PlanRequest& request) const {
+    const Caller& caller, const v1::PlanRequest& request,
+    const Cancelled& cancelled) const {
   uint64_t validate_us = 0;
   uint64_t plan_us = 0;
-  ASSIGN_OR_RETURN(Prepared prepared,
-                   Prepare(request.model(), &validate_us, &plan_us));
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(request.model(), cancelled,
+                                              &validate_us, &plan_us));
   const std::vector<spec::TensorDesc>& tensors = prepared.tensors;
   const spec::Layout& layout = prepared.layout;
 
@@ -139,6 +146,7 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;
   const spec::TensorDesc* largest = nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
     const spec::TensorDesc& t = tensors[i];
     v1::TensorPlan* plan = response.add_tensors();
     plan->set_name(t.name);
@@ -185,9 +193,10 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
     fit->set_fits(free_bytes >= layout.arena_bytes);
   }
   if (request.placement().device() == kSplit) {
-    const SplitUnits units = GroupForSplit(
-        tensors, {request.placement().split().no_split().begin(),
-                  request.placement().split().no_split().end()});
+    ASSIGN_OR_RETURN(
+        const SplitUnits units,
+        GroupForSplit(tensors, {request.placement().split().no_split().begin(),
+                                request.placement().split().no_split().end()}));
     ASSIGN_OR_RETURN(memory::DevicePool::SplitRequest split_request,
                      MakeSplitRequest(request.placement().split(), units));
     absl::StatusOr<memory::DevicePool::SplitPlan> split =
@@ -227,7 +236,7 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
 
 absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     const Caller& caller, const v1::MaterializeRequest& request,
-    const std::function<bool()>& cancelled) {
+    const Cancelled& cancelled) {
   const absl::Time start = absl::Now();
   v1::MaterializeResponse response;
   v1::PhaseTimings* timings = response.mutable_timings();
@@ -252,8 +261,8 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
   uint64_t validate_us = 0;
   uint64_t plan_us = 0;
-  ASSIGN_OR_RETURN(Prepared prepared,
-                   Prepare(request.model(), &validate_us, &plan_us));
+  ASSIGN_OR_RETURN(Prepared prepared, Prepare(request.model(), cancelled,
+                                              &validate_us, &plan_us));
   timings->set_validate_us(validate_us);
   timings->set_plan_us(plan_us);
 
@@ -267,9 +276,11 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   std::vector<memory::Reservation> reservations;
   std::shared_ptr<const PartLayouts> parts;
   if (request.placement().device() == kSplit) {
-    const SplitUnits units = GroupForSplit(
-        prepared.tensors, {request.placement().split().no_split().begin(),
-                           request.placement().split().no_split().end()});
+    ASSIGN_OR_RETURN(
+        const SplitUnits units,
+        GroupForSplit(prepared.tensors,
+                      {request.placement().split().no_split().begin(),
+                       request.placement().split().no_split().end()}));
     ASSIGN_OR_RETURN(memory::DevicePool::SplitRequest split_request,
                      MakeSplitRequest(request.placement().split(), units));
     ASSIGN_OR_RETURN(memory::DevicePool::SplitReservation split,
@@ -346,11 +357,14 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
             std::move(reservations));
     auto inits = std::make_shared<std::vector<init::ResolvedInit>>(
         std::move(prepared.resolution.inits));
-    workers_->Schedule([handle, moved_reservations, parts, inits] {
+    // Under the caller's identity: it counts against the client's share of
+    // the workers (common/thread_pool.h).
+    workers_->Schedule(caller.identity, [handle, moved_reservations, parts,
+                                         inits] {
       v1::PhaseTimings ignored;
       absl::Status status =
           Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
-                &ignored, /*cancelled=*/nullptr);
+                &ignored, /*cancelled=*/[handle] { return handle->released(); });
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
                       << " failed: " << status;
@@ -380,7 +394,8 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
 }
 
 absl::StatusOr<v1::HandleInfo> Engine::Describe(
-    const Caller& caller, const v1::DescribeRequest& request) const {
+    const Caller& caller, const v1::DescribeRequest& request,
+    const Cancelled& cancelled) const {
   ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
                    registry_->Get(caller.identity, request.handle()));
   const registry::HandleSpec& spec = handle->spec();
@@ -404,6 +419,7 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
   const std::string& device =
       state == v1::HANDLE_STATE_READY ? spec.device : std::string("meta");
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
     const spec::TensorDesc& t = spec.tensors[i];
     v1::TensorInfo* out = info.add_tensors();
     out->set_name(t.name);
@@ -427,7 +443,7 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
                                        t.shard_offset.end());
     }
   }
-  RETURN_IF_ERROR(AddDeliveryInfo(*handle, &info));
+  RETURN_IF_ERROR(AddDeliveryInfo(*handle, &info, cancelled));
   return info;
 }
 

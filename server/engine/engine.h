@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/common/cancel.h"
 #include "server/common/thread_pool.h"
 #include "server/delivery/weight_stream.h"
 #include "server/memory/pool.h"
@@ -50,6 +51,9 @@ struct EngineOptions {
 // Thread-safe. The pool, registry and worker pool must outlive the engine;
 // the worker pool must be drained (destroyed) before the engine is, since
 // async materializations run there and use it.
+//
+// Calls that can take long take `cancelled` (common/cancel.h): once it
+// says the caller is gone they stop with CANCELLED, having kept nothing.
 class Engine {
  public:
   Engine(memory::DevicePool* pool, registry::HandleRegistry* registry,
@@ -58,35 +62,42 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  absl::StatusOr<v1::PlanResponse> Plan(const Caller& caller,
-                                        const v1::PlanRequest& request) const;
+  absl::StatusOr<v1::PlanResponse> Plan(
+      const Caller& caller, const v1::PlanRequest& request,
+      const Cancelled& cancelled = {}) const;
 
-  // `cancelled` (optional) is polled during init of a synchronous request:
-  // once the caller has gone away the work stops and rolls back.
+  // `cancelled` is polled while validating and planning, and during init
+  // of a synchronous request: once the caller has gone away the work stops
+  // and rolls back. An async request's init runs on the worker pool under
+  // the caller's identity and is not cancelled with the call.
   absl::StatusOr<v1::MaterializeResponse> Materialize(
       const Caller& caller, const v1::MaterializeRequest& request,
-      const std::function<bool()>& cancelled = nullptr);
+      const Cancelled& cancelled = {});
 
   absl::StatusOr<v1::HandleInfo> Describe(
-      const Caller& caller, const v1::DescribeRequest& request) const;
+      const Caller& caller, const v1::DescribeRequest& request,
+      const Cancelled& cancelled = {}) const;
 
   // Opens the byte stream of a READY handle. FAILED_PRECONDITION while the
   // handle's tensors are still meta (materializing, or failed).
   absl::StatusOr<std::unique_ptr<delivery::WeightStream>> OpenFetch(
-      const Caller& caller, const v1::FetchRequest& request) const;
+      const Caller& caller, const v1::FetchRequest& request,
+      const Cancelled& cancelled = {}) const;
 
   // The layout OpenFetch would stream for the same request: size, digest
   // and each tensor's byte range. Computes (and caches) digests on first
   // use, so it can take a while for a large handle.
   absl::StatusOr<v1::FileLayout> DescribeFile(
-      const Caller& caller, const v1::FetchRequest& request) const;
+      const Caller& caller, const v1::FetchRequest& request,
+      const Cancelled& cancelled = {}) const;
 
   // Fills the delivery fields of Describe's answer for `handle`: per-tensor
   // digests and the handle digest (READY only; computed on first use and
   // cached) and the number of live exports. `info->tensors` must be in
   // spec order.
   absl::Status AddDeliveryInfo(const registry::Handle& handle,
-                               v1::HandleInfo* info) const;
+                               v1::HandleInfo* info,
+                               const Cancelled& cancelled = {}) const;
 
   // Zero-copy export of a READY handle to a co-located process: a
   // shared-memory file (CPU arenas materialized with exportable) or a CUDA

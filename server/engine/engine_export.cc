@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/common/log.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/engine/engine.h"
 #include "server/memory/arena.h"
@@ -32,7 +33,7 @@ absl::StatusOr<std::string> HandleOfExport(absl::string_view export_id) {
   const size_t at = export_id.find(kHandleMark);
   if (!absl::StartsWith(export_id, "x-") || at == absl::string_view::npos) {
     return absl::NotFoundError(absl::StrCat(
-        "export \"", export_id, "\" not found (it is not an export id)"));
+        "export ", Quote(export_id), " not found (it is not an export id)"));
   }
   return std::string(export_id.substr(at + 1));
 }
@@ -83,7 +84,7 @@ absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
       return absl::FailedPreconditionError(absl::StrCat(
           "handle ", handle->id(), " is on ", arena->device().name, " (",
           ipc.device_uuid, "), but the importer's device is ",
-          request.importer_device_uuid(),
+          Quote(request.importer_device_uuid()),
           ": a CUDA IPC handle opens only on the device that holds the "
           "memory. Materialize on the importer's device (placement "
           "\"cuda:N\"), or fetch the weights instead"));
@@ -121,8 +122,8 @@ absl::StatusOr<v1::CloseExportResponse> Engine::CloseExport(
       registry_->GetExported(caller.identity, handle_id);
   if (!handle.ok()) {
     return absl::NotFoundError(absl::StrCat(
-        "export \"", request.export_id(),
-        "\" not found (it was closed already, or it belongs to another "
+        "export ", Quote(request.export_id()),
+        " not found (it was closed already, or it belongs to another "
         "client)"));
   }
   ASSIGN_OR_RETURN(uint32_t remaining,

@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/cancel.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/delivery/digest.h"
 #include "server/delivery/fingerprint.h"
@@ -22,6 +24,12 @@
 
 namespace materializer::engine {
 namespace {
+
+// Bounds on what one fetch's filters may ask for (docs/api.md): patterns
+// per field, and (bytes of the handle's tensor names) x glob words
+// (glob.h) over both fields, i.e. steps of matching.
+constexpr size_t kMaxFilterPatterns = 256;
+constexpr uint64_t kMaxFilterMatchWork = uint64_t{1} << 30;
 
 absl::Status MetaOnly(const registry::Handle& handle, v1::HandleState state) {
   if (state == v1::HANDLE_STATE_FAILED) {
@@ -53,21 +61,25 @@ absl::StatusOr<std::shared_ptr<const memory::Arena>> ReadyArena(
   return arena;
 }
 
-// Reads arena bytes [offset, offset + length) in host-sized pieces and
-// passes each to `use` (no copy for host arenas).
+// Reads arena bytes [offset, offset + length) in pieces of at most 64 MiB
+// and passes each to `use` (no copy for host arenas). Between pieces it
+// stops with CANCELLED once the caller is gone.
 template <typename Use>
 absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
-                       uint64_t length, Use use) {
-  if (arena.host_data() != nullptr) {
-    use(reinterpret_cast<const char*>(arena.host_data()) + offset, length);
-    return absl::OkStatus();
-  }
+                       uint64_t length, const Cancelled& cancelled, Use use) {
   constexpr uint64_t kPiece = uint64_t{64} << 20;
-  std::string buffer(std::min(length, kPiece), '\0');
+  const char* host = reinterpret_cast<const char*>(arena.host_data());
+  std::string buffer;
+  if (host == nullptr) buffer.resize(std::min(length, kPiece));
   for (uint64_t done = 0; done < length;) {
+    if (done > 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
     const uint64_t n = std::min(kPiece, length - done);
-    RETURN_IF_ERROR(arena.CopyToHost(offset + done, n, buffer.data()));
-    use(buffer.data(), n);
+    if (host != nullptr) {
+      use(host + offset + done, n);
+    } else {
+      RETURN_IF_ERROR(arena.CopyToHost(offset + done, n, buffer.data()));
+      use(buffer.data(), n);
+    }
     done += n;
   }
   return absl::OkStatus();
@@ -75,16 +87,18 @@ absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
 
 // Per-tensor digests in spec order; tied tensors repeat their root's.
 absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
-    const registry::Handle& handle, const memory::Arena& arena) {
+    const registry::Handle& handle, const memory::Arena& arena,
+    const Cancelled& cancelled) {
   return handle.TensorDigests(
       [&]() -> absl::StatusOr<registry::Handle::Digests> {
         const registry::HandleSpec& spec = handle.spec();
         registry::Handle::Digests digests(spec.tensors.size());
         for (size_t i = 0; i < spec.tensors.size(); ++i) {
           if (spec.tensors[i].tie_root >= 0) continue;
+          RETURN_IF_ERROR(CheckCancelled(cancelled));
           delivery::Hasher hasher;
           RETURN_IF_ERROR(ScanArena(
-              arena, spec.layout.offsets[i], spec.tensors[i].nbytes,
+              arena, spec.layout.offsets[i], spec.tensors[i].nbytes, cancelled,
               [&](const char* data, uint64_t n) { hasher.Update(data, n); }));
           digests[i] = delivery::FormatDigest(hasher.Finish());
         }
@@ -98,7 +112,8 @@ absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
 
 // Per-tensor fingerprints in spec order; tied tensors repeat their root's.
 absl::StatusOr<std::shared_ptr<const registry::Handle::Fingerprints>>
-TensorFingerprints(const registry::Handle& handle, const memory::Arena& arena) {
+TensorFingerprints(const registry::Handle& handle, const memory::Arena& arena,
+                   const Cancelled& cancelled) {
   return handle.TensorFingerprints(
       [&]() -> absl::StatusOr<registry::Handle::Fingerprints> {
         const registry::HandleSpec& spec = handle.spec();
@@ -106,13 +121,14 @@ TensorFingerprints(const registry::Handle& handle, const memory::Arena& arena) {
         for (size_t i = 0; i < spec.tensors.size(); ++i) {
           const spec::TensorDesc& t = spec.tensors[i];
           if (t.tie_root >= 0) continue;
+          RETURN_IF_ERROR(CheckCancelled(cancelled));
           const uint32_t itemsize = spec::ItemSize(t.dtype);
           delivery::Fingerprinter f(itemsize, t.shape, t.full_shape(),
                                     t.shard_offset);
           // Pieces of a device arena may end mid-element: carry the tail.
           std::string carry;
           RETURN_IF_ERROR(ScanArena(
-              arena, spec.layout.offsets[i], t.nbytes,
+              arena, spec.layout.offsets[i], t.nbytes, cancelled,
               [&](const char* data, uint64_t n) {
                 if (!carry.empty()) {
                   const uint64_t need = itemsize - carry.size();
@@ -150,15 +166,17 @@ uint64_t HandleFingerprint(const registry::HandleSpec& spec,
 }
 
 absl::StatusOr<std::shared_ptr<const registry::Handle::Crcs>> TensorCrcs(
-    const registry::Handle& handle, const memory::Arena& arena) {
+    const registry::Handle& handle, const memory::Arena& arena,
+    const Cancelled& cancelled) {
   return handle.TensorCrcs([&]() -> absl::StatusOr<registry::Handle::Crcs> {
     const registry::HandleSpec& spec = handle.spec();
     registry::Handle::Crcs crcs(spec.tensors.size());
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
       if (spec.tensors[i].tie_root >= 0) continue;
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
       uint32_t crc = 0;
       RETURN_IF_ERROR(ScanArena(arena, spec.layout.offsets[i],
-                                spec.tensors[i].nbytes,
+                                spec.tensors[i].nbytes, cancelled,
                                 [&](const char* data, uint64_t n) {
                                   crc = delivery::Crc32(data, n, crc);
                                 }));
@@ -181,32 +199,94 @@ void AppendDigestBytes(const std::string& digest, std::string* out) {
 }
 
 // Checks the include/exclude globs and says which tensors a request
-// writes: the indices into spec.tensors, and the safetensors metadata.
+// writes: the indices into spec.tensors, the safetensors metadata, and the
+// key of the file in the handle's digest cache.
 struct Selection {
   std::vector<size_t> indices;
   std::vector<std::pair<std::string, std::string>> metadata;
+  registry::Handle::FileKey key;
 };
 
+// The filters of a request, each pattern compiled once.
+struct Filters {
+  std::vector<init::Glob> include;
+  std::vector<init::Glob> exclude;
+};
+
+absl::StatusOr<Filters> CompileFilters(const v1::FetchRequest& request,
+                                       uint64_t name_bytes) {
+  Filters filters;
+  uint64_t words = 0;
+  auto compile = [&](const char* field, const auto& patterns,
+                     std::vector<init::Glob>* out) -> absl::Status {
+    if (static_cast<size_t>(patterns.size()) > kMaxFilterPatterns) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", patterns.size(), " patterns; the limit is ",
+                       kMaxFilterPatterns));
+    }
+    for (int k = 0; k < patterns.size(); ++k) {
+      absl::StatusOr<init::Glob> glob = init::Glob::Compile(patterns[k]);
+      if (!glob.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, "[", k, "] (", Quote(patterns[k]),
+            "): ", glob.status().message()));
+      }
+      words += glob->words();
+      out->push_back(std::move(*glob));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(compile("include", request.include(), &filters.include));
+  RETURN_IF_ERROR(compile("exclude", request.exclude(), &filters.exclude));
+  if (words * name_bytes > kMaxFilterMatchWork) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "include/exclude: matching ",
+        request.include_size() + request.exclude_size(), " patterns against ",
+        name_bytes, " bytes of tensor names is ", words * name_bytes,
+        " steps (name bytes x patterns, a pattern with n >= 64 items other "
+        "than '*' counting ceil((n + 1) / 64) times); the limit is ",
+        kMaxFilterMatchWork, ". Use fewer patterns"));
+  }
+  return filters;
+}
+
+// A 128-bit hash of what decides a file's bytes: the format, the flag that
+// changes them, and which tensors the filters select. Filters that select
+// the same tensors share one cache entry however they are written.
+registry::Handle::FileKey KeyOf(v1::WeightFormat format, bool write_ties_once,
+                                const std::vector<char>& selected) {
+  delivery::Hasher hasher;
+  const uint32_t header[2] = {static_cast<uint32_t>(format),
+                              write_ties_once ? 1u : 0u};
+  hasher.Update(header, sizeof(header));
+  hasher.Update(selected.data(), selected.size());
+  const delivery::Digest128 digest = hasher.Finish();
+  return {digest.high, digest.low};
+}
+
 absl::StatusOr<Selection> Select(const registry::Handle& handle,
-                                 const v1::FetchRequest& request) {
+                                 const v1::FetchRequest& request,
+                                 const Cancelled& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
+  uint64_t name_bytes = 0;
+  for (const spec::TensorDesc& t : spec.tensors) name_bytes += t.name.size();
+  ASSIGN_OR_RETURN(Filters filters, CompileFilters(request, name_bytes));
   const bool non_persistent = request.include_non_persistent();
   auto eligible = [&](size_t i) {
     return spec.tensors[i].persistent || non_persistent;
   };
-  // Every pattern must be a valid glob and match some tensor the file could
-  // hold: a pattern that matches nothing is almost always a typo.
-  auto check = [&](const char* field, const auto& patterns) -> absl::Status {
-    for (int k = 0; k < patterns.size(); ++k) {
-      const std::string& pattern = patterns[k];
-      if (absl::Status s = init::CheckGlob(pattern); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, "[", k, "] (\"", pattern, "\"): ", s.message()));
-      }
+  // Every pattern must match some tensor the file could hold: a pattern
+  // that matches nothing is almost always a typo.
+  auto check = [&](const char* field, const auto& patterns,
+                   const std::vector<init::Glob>& globs) -> absl::Status {
+    for (size_t k = 0; k < globs.size(); ++k) {
       bool matched = false;
       bool matched_non_persistent = false;
       for (size_t i = 0; i < spec.tensors.size() && !matched; ++i) {
-        if (!init::GlobMatch(pattern, spec.tensors[i].name)) continue;
+        if (i % kCancelPollInterval == 0) {
+          RETURN_IF_ERROR(CheckCancelled(cancelled));
+        }
+        if (!globs[k].Matches(spec.tensors[i].name)) continue;
         if (eligible(i)) {
           matched = true;
         } else {
@@ -215,8 +295,8 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
       }
       if (!matched) {
         return absl::InvalidArgumentError(absl::StrCat(
-            field, "[", k, "] (\"", pattern, "\") matches no tensor of handle ",
-            handle.id(),
+            field, "[", k, "] (", Quote(patterns[static_cast<int>(k)]),
+            ") matches no tensor of handle ", handle.id(),
             matched_non_persistent
                 ? " that the file would hold: it matches only non-persistent "
                   "buffers, which are written only with "
@@ -226,12 +306,13 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
     }
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(check("include", request.include()));
-  RETURN_IF_ERROR(check("exclude", request.exclude()));
+  RETURN_IF_ERROR(check("include", request.include(), filters.include));
+  RETURN_IF_ERROR(check("exclude", request.exclude(), filters.exclude));
 
-  auto any_match = [](const auto& patterns, const std::string& name) {
-    for (const std::string& pattern : patterns) {
-      if (init::GlobMatch(pattern, name)) return true;
+  auto any_match = [](const std::vector<init::Glob>& globs,
+                      const std::string& name) {
+    for (const init::Glob& glob : globs) {
+      if (glob.Matches(name)) return true;
     }
     return false;
   };
@@ -241,12 +322,19 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
   if (safetensors) selection.metadata.emplace_back("format", "pt");
   std::vector<char> selected(spec.tensors.size(), 0);
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    if (i % kCancelPollInterval == 0) {
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
+    }
     const std::string& name = spec.tensors[i].name;
     selected[i] =
         eligible(i) &&
-        (request.include().empty() || any_match(request.include(), name)) &&
-        !any_match(request.exclude(), name);
+        (filters.include.empty() || any_match(filters.include, name)) &&
+        !any_match(filters.exclude, name);
   }
+  const bool write_ties_once = safetensors && request.write_ties_once();
+  selection.key =
+      KeyOf(safetensors ? v1::WEIGHT_FORMAT_SAFETENSORS : request.format(),
+            write_ties_once, selected);
   // With write_ties_once (safetensors), each group of tied tensors is
   // written once, under its first selected name (the root when it is
   // selected); the others are recorded as ties.
@@ -255,7 +343,7 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
     if (!selected[i]) continue;
     const spec::TensorDesc& t = spec.tensors[i];
     const int root = t.tie_root >= 0 ? t.tie_root : static_cast<int>(i);
-    if (safetensors && request.write_ties_once()) {
+    if (write_ties_once) {
       int& written = carrier[root];
       if (written < 0) {
         written = selected[root] ? root : static_cast<int>(i);
@@ -270,40 +358,34 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
   }
   if (selection.indices.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "include/exclude leave no tensor of handle ", handle.id(),
-        " to write (include: [", absl::StrJoin(request.include(), ", "),
-        "], exclude: [", absl::StrJoin(request.exclude(), ", "), "])"));
+        "include/exclude (", request.include_size(), " and ",
+        request.exclude_size(), " patterns) leave no tensor of handle ",
+        handle.id(), " to write"));
   }
   return selection;
 }
 
-// Identifies a file of a handle for the digest cache.
-std::string FileKey(const v1::FetchRequest& request) {
-  const v1::WeightFormat format =
-      request.format() == v1::WEIGHT_FORMAT_UNSPECIFIED
-          ? v1::WEIGHT_FORMAT_SAFETENSORS
-          : request.format();
-  return absl::StrCat(static_cast<int>(format), "|",
-                      request.include_non_persistent() ? 1 : 0, "|",
-                      request.write_ties_once() ? 1 : 0, "|",
-                      absl::StrJoin(request.include(), "\x1f"), "|",
-                      absl::StrJoin(request.exclude(), "\x1f"));
-}
+// The file a request describes, over a READY handle's arena, and its key
+// in the handle's digest cache.
+struct BuiltFile {
+  std::shared_ptr<const delivery::WeightFile> file;
+  registry::Handle::FileKey key;
+};
 
-// The file a request describes, over a READY handle's arena.
-absl::StatusOr<std::shared_ptr<const delivery::WeightFile>> BuildFile(
-    const registry::Handle& handle, const memory::Arena& arena,
-    const v1::FetchRequest& request) {
+absl::StatusOr<BuiltFile> BuildFile(const registry::Handle& handle,
+                                    const memory::Arena& arena,
+                                    const v1::FetchRequest& request,
+                                    const Cancelled& cancelled) {
   if (!v1::WeightFormat_IsValid(request.format())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "format: unknown format ", request.format(),
         "; expected WEIGHT_FORMAT_SAFETENSORS, WEIGHT_FORMAT_TORCH or "
         "WEIGHT_FORMAT_RAW"));
   }
-  ASSIGN_OR_RETURN(Selection selection, Select(handle, request));
+  ASSIGN_OR_RETURN(Selection selection, Select(handle, request, cancelled));
   std::shared_ptr<const registry::Handle::Crcs> crcs;
   if (request.format() == v1::WEIGHT_FORMAT_TORCH) {
-    ASSIGN_OR_RETURN(crcs, TensorCrcs(handle, arena));
+    ASSIGN_OR_RETURN(crcs, TensorCrcs(handle, arena, cancelled));
   }
   const registry::HandleSpec& spec = handle.spec();
   std::vector<delivery::SourceTensor> tensors;
@@ -320,17 +402,19 @@ absl::StatusOr<std::shared_ptr<const delivery::WeightFile>> BuildFile(
     if (crcs != nullptr) entry.crc32 = (*crcs)[i];
     tensors.push_back(std::move(entry));
   }
+  RETURN_IF_ERROR(CheckCancelled(cancelled));
   ASSIGN_OR_RETURN(
       delivery::WeightFile file,
       delivery::BuildWeightFile(request.format(), tensors, selection.metadata));
-  return std::make_shared<const delivery::WeightFile>(std::move(file));
+  return BuiltFile{std::make_shared<const delivery::WeightFile>(std::move(file)),
+                   selection.key};
 }
 
 // The whole file's digest: cached, or computed now and cached.
-absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
-                                         const memory::Arena& arena,
-                                         const delivery::WeightFile& file,
-                                         const std::string& key) {
+absl::StatusOr<std::string> FileDigestOf(
+    const registry::Handle& handle, const memory::Arena& arena,
+    const delivery::WeightFile& file, const registry::Handle::FileKey& key,
+    const Cancelled& cancelled) {
   std::string digest = handle.FileDigest(key);
   if (!digest.empty()) return digest;
   delivery::Hasher hasher;
@@ -340,8 +424,9 @@ absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
           hasher.Update(piece.data, piece.length);
           return absl::OkStatus();
         }
+        RETURN_IF_ERROR(CheckCancelled(cancelled));
         return ScanArena(
-            arena, piece.source_offset, piece.length,
+            arena, piece.source_offset, piece.length, cancelled,
             [&](const char* data, uint64_t n) { hasher.Update(data, n); });
       });
   RETURN_IF_ERROR(read);
@@ -353,14 +438,16 @@ absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
-    const Caller& caller, const v1::FetchRequest& request) const {
+    const Caller& caller, const v1::FetchRequest& request,
+    const Cancelled& cancelled) const {
   ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
                    registry_->Get(caller.identity, request.handle()));
   ASSIGN_OR_RETURN(std::shared_ptr<const memory::Arena> arena,
                    ReadyArena(*handle));
-  ASSIGN_OR_RETURN(std::shared_ptr<const delivery::WeightFile> file,
-                   BuildFile(*handle, *arena, request));
-  const std::string key = FileKey(request);
+  ASSIGN_OR_RETURN(BuiltFile built,
+                   BuildFile(*handle, *arena, request, cancelled));
+  std::shared_ptr<const delivery::WeightFile> file = std::move(built.file);
+  const registry::Handle::FileKey key = built.key;
   delivery::FileDigest digest;
   digest.known = handle->FileDigest(key);
   if (digest.known.empty()) {
@@ -377,22 +464,24 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
 }
 
 absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
-    const Caller& caller, const v1::FetchRequest& request) const {
+    const Caller& caller, const v1::FetchRequest& request,
+    const Cancelled& cancelled) const {
   ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
                    registry_->Get(caller.identity, request.handle()));
   ASSIGN_OR_RETURN(std::shared_ptr<const memory::Arena> arena,
                    ReadyArena(*handle));
-  ASSIGN_OR_RETURN(std::shared_ptr<const delivery::WeightFile> file,
-                   BuildFile(*handle, *arena, request));
+  ASSIGN_OR_RETURN(BuiltFile built,
+                   BuildFile(*handle, *arena, request, cancelled));
+  const std::shared_ptr<const delivery::WeightFile>& file = built.file;
   if (request.offset() > file->size()) {
     return absl::OutOfRangeError(absl::StrCat("offset: ", request.offset(),
                                               " is past the end of the ",
                                               file->size(), "-byte file"));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
-                   TensorDigests(*handle, *arena));
-  ASSIGN_OR_RETURN(std::string digest,
-                   FileDigestOf(*handle, *arena, *file, FileKey(request)));
+                   TensorDigests(*handle, *arena, cancelled));
+  ASSIGN_OR_RETURN(std::string digest, FileDigestOf(*handle, *arena, *file,
+                                                    built.key, cancelled));
 
   // Ranges index the selection; map them back to spec indices by name.
   const registry::HandleSpec& spec = handle->spec();
@@ -416,13 +505,14 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
 }
 
 absl::Status Engine::AddDeliveryInfo(const registry::Handle& handle,
-                                     v1::HandleInfo* info) const {
+                                     v1::HandleInfo* info,
+                                     const Cancelled& cancelled) const {
   info->set_exports(handle.num_exports());
   if (handle.state() != v1::HANDLE_STATE_READY) return absl::OkStatus();
   std::shared_ptr<const memory::Arena> arena = handle.arena();
   if (arena == nullptr) return absl::OkStatus();  // released meanwhile
   ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
-                   TensorDigests(handle, *arena));
+                   TensorDigests(handle, *arena, cancelled));
   std::string concatenated;
   concatenated.reserve(digests->size() * 16);
   for (int i = 0;
@@ -434,7 +524,7 @@ absl::Status Engine::AddDeliveryInfo(const registry::Handle& handle,
   }
   ASSIGN_OR_RETURN(
       std::shared_ptr<const registry::Handle::Fingerprints> fingerprints,
-      TensorFingerprints(handle, *arena));
+      TensorFingerprints(handle, *arena, cancelled));
   for (int i = 0;
        i < info->tensors_size() && i < static_cast<int>(fingerprints->size());
        ++i) {

@@ -22,6 +22,13 @@
 
 namespace materializer::engine {
 
+// Most `no_split` entries a request may list, and the longest (a tensor
+// name's limit).
+inline constexpr size_t kMaxNoSplit = 65536;
+inline constexpr size_t kMaxNoSplitBytes = 512;
+// Most `max_memory` entries (one per device is all that is useful).
+inline constexpr size_t kMaxMemoryEntries = 1024;
+
 // Groups of tensors that stay together, in order of first appearance: a
 // tensor belongs to the longest `no_split` prefix it is under (the prefix
 // itself or "prefix.*"), else to its module (its name without the last
@@ -32,11 +39,15 @@ struct SplitUnits {
   std::vector<uint64_t> bytes;
   std::vector<int> unit_of_tensor;
 };
-SplitUnits GroupForSplit(const std::vector<spec::TensorDesc>& tensors,
-                         const std::vector<std::string>& no_split);
+// Linear in the total length of the names and prefixes. INVALID_ARGUMENT
+// for more than kMaxNoSplit prefixes or one longer than kMaxNoSplitBytes.
+absl::StatusOr<SplitUnits> GroupForSplit(
+    const std::vector<spec::TensorDesc>& tensors,
+    const std::vector<std::string>& no_split);
 
 // The pool request for `placement.split`: devices, byte caps (sizes such
-// as "20GiB" or byte counts), the units. INVALID_ARGUMENT naming the field.
+// as "20GiB" or byte counts), the units. INVALID_ARGUMENT naming the field,
+// or for more than kMaxMemoryEntries caps.
 absl::StatusOr<memory::DevicePool::SplitRequest> MakeSplitRequest(
     const v1::SplitPlacement& split, const SplitUnits& units);
 

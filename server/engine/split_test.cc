@@ -5,6 +5,7 @@
 namespace materializer::engine {
 namespace {
 
+using ::materializer::testing::StatusIs;
 using ::testing::ElementsAre;
 
 spec::TensorDesc T(const char* name, uint64_t nbytes, int tie_root = -1) {
@@ -26,13 +27,43 @@ TEST(GroupForSplitTest, ModulesAndNoSplitPrefixesInOrder) {
       T("head.weight", 0, /*tie_root=*/0),
       T("scale", 8),
   };
-  const SplitUnits units = GroupForSplit(tensors, {"layers.0"});
+  ASSERT_OK_AND_ASSIGN(const SplitUnits units,
+                       GroupForSplit(tensors, {"layers.0"}));
   EXPECT_THAT(units.names, ElementsAre("embed", "layers.0", "layers.1.attn.q",
                                        "(root module)"));
   // Each tensor padded to 256 bytes; the tie adds nothing and follows its
   // root.
   EXPECT_THAT(units.bytes, ElementsAre(1024, 256 + 256 + 512, 256, 256));
   EXPECT_THAT(units.unit_of_tensor, ElementsAre(0, 1, 1, 1, 2, 0, 3));
+}
+
+TEST(GroupForSplitTest, LongestPrefixWinsAndLimitsHold) {
+  const std::vector<spec::TensorDesc> tensors = {
+      T("a.b.c.w", 1), T("a.b.x", 1), T("a.bc.w", 1), T("a", 1)};
+  ASSERT_OK_AND_ASSIGN(const SplitUnits units,
+                       GroupForSplit(tensors, {"a", "a.b", "a.b.c"}));
+  // "a.bc" is not under "a.b" (a prefix must end at a dot).
+  EXPECT_THAT(units.names, ElementsAre("a.b.c", "a.b", "a"));
+  EXPECT_THAT(units.unit_of_tensor, ElementsAre(0, 1, 2, 2));
+
+  // Many prefixes and long dotted names: one pass per name.
+  std::vector<std::string> many;
+  for (int i = 0; i < 60000; ++i) many.push_back("m." + std::to_string(i));
+  std::string deep = "m";
+  for (int i = 0; i < 200; ++i) deep += ".x";
+  std::vector<spec::TensorDesc> big;
+  for (int i = 0; i < 2000; ++i) big.push_back(T(deep.c_str(), 1));
+  big.push_back(T("m.59999.w", 1));
+  ASSERT_OK_AND_ASSIGN(const SplitUnits grouped, GroupForSplit(big, many));
+  EXPECT_EQ(grouped.names.back(), "m.59999");
+
+  many.resize(kMaxNoSplit + 1);
+  EXPECT_THAT(GroupForSplit(tensors, many),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("the limit is 65536")));
+  EXPECT_THAT(GroupForSplit(tensors, {std::string(513, 'a')}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("513 bytes; the limit is 512")));
 }
 
 TEST(LayoutPartsTest, PartsAreContiguousAndTiesStayWithTheirRoot) {

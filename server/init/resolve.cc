@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 #include "server/init/glob.h"
 #include "server/init/rng_mode.h"
 #include "server/init/schemes.h"
@@ -12,13 +13,13 @@
 namespace materializer::init {
 namespace {
 
-// Keeps the uncovered-tensor message well under gRPC's default 8 KiB
-// metadata limit (the status message travels in a trailer).
-constexpr size_t kMaxListedChars = 4000;
+// Keeps the uncovered-tensor message within what the service sends whole
+// (service/status.h): the status message travels in a trailer.
+constexpr size_t kMaxListedChars = 3000;
 
 std::string RulePath(int index, const v1::InitRule& rule) {
-  return absl::StrCat("model.init_rules[", index, "] (\"", rule.pattern(),
-                      "\")");
+  return absl::StrCat("model.init_rules[", index, "] (",
+                      Quote(rule.pattern()), ")");
 }
 
 std::string TensorPath(int index, const spec::TensorDesc& tensor) {
@@ -33,15 +34,41 @@ absl::Status Prefixed(const std::string& path, const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<Resolution> ResolveInits(
-    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors) {
+    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors,
+    const Cancelled& cancelled) {
+  if (model.init_rules_size() > kMaxInitRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.init_rules: ", model.init_rules_size(),
+                     " rules; the limit is ", kMaxInitRules));
+  }
+  // Each pattern is compiled once for the whole request.
+  std::vector<Glob> globs;
+  globs.reserve(model.init_rules_size());
+  uint64_t words = 0;
   for (int r = 0; r < model.init_rules_size(); ++r) {
     const v1::InitRule& rule = model.init_rules(r);
-    if (absl::Status s = CheckGlob(rule.pattern()); !s.ok()) {
-      return Prefixed(RulePath(r, rule), s);
-    }
+    absl::StatusOr<Glob> glob = Glob::Compile(rule.pattern());
+    if (!glob.ok()) return Prefixed(RulePath(r, rule), glob.status());
     if (absl::Status s = CheckSchemeParameters(rule.init()); !s.ok()) {
       return Prefixed(absl::StrCat(RulePath(r, rule), ".init"), s);
     }
+    words += glob->words();
+    globs.push_back(std::move(*glob));
+  }
+  uint64_t name_bytes = 0;
+  for (const spec::TensorDesc& tensor : tensors) {
+    name_bytes += tensor.name.size();
+  }
+  if (words * name_bytes > kMaxRuleMatchWork) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.init_rules: matching ", model.init_rules_size(),
+        " rules against ", name_bytes, " bytes of tensor names is ",
+        words * name_bytes,
+        " steps (name bytes x rules, a pattern with n >= 64 items other "
+        "than '*' counting ceil((n + 1) / 64) times); the limit is ",
+        kMaxRuleMatchWork,
+        ". Use fewer rules (one pattern can cover many tensors) or "
+        "per-tensor inits"));
   }
 
   Resolution resolution;
@@ -58,6 +85,9 @@ absl::StatusOr<Resolution> ResolveInits(
 
   std::vector<std::string> sources(tensors.size());
   for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    if (i % kCancelPollInterval == 0) {
+      if (absl::Status s = CheckCancelled(cancelled); !s.ok()) return s;
+    }
     const spec::TensorDesc& tensor = tensors[i];
     const v1::TensorSpec& spec = model.tensors(i);
     ResolvedInit& out = resolution.inits[i];
@@ -80,7 +110,7 @@ absl::StatusOr<Resolution> ResolveInits(
     }
     for (int r = 0; r < model.init_rules_size(); ++r) {
       const v1::InitRule& rule = model.init_rules(r);
-      if (!GlobMatch(rule.pattern(), tensor.name)) continue;
+      if (!globs[r].Matches(tensor.name)) continue;
       ++matched[r];
       if (covered) continue;
       if (absl::Status s = CheckSchemeForTensor(rule.init(), tensor); !s.ok()) {
@@ -90,7 +120,9 @@ absl::StatusOr<Resolution> ResolveInits(
       }
       ++won[r];
       out.scheme = rule.init();
-      sources[i] = absl::StrCat(" [rule ", r, " \"", rule.pattern(), "\"]");
+      // Every tensor's description holds this: keep it short.
+      sources[i] = absl::StrCat(" [rule ", r, " ", Quote(rule.pattern(), 64),
+                                "]");
       covered = true;
     }
     if (!covered) {

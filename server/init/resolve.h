@@ -17,10 +17,19 @@
 
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/common/cancel.h"
 #include "server/init/module_plan.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::init {
+
+// Bounds on the matching work a request can ask for (docs/api.md): at most
+// kMaxInitRules rules, patterns of at most init::kMaxPatternBytes, and
+// (bytes of all tensor names) x (the rules' glob words, glob.h) at most
+// kMaxRuleMatchWork: each unit is one step of one match, so the bound is
+// on the time itself (a few seconds of one core).
+inline constexpr int kMaxInitRules = 1024;
+inline constexpr uint64_t kMaxRuleMatchWork = uint64_t{1} << 30;
 
 struct ResolvedInit {
   // Unset for a tied tensor (nothing to write: its storage is its root's).
@@ -44,9 +53,12 @@ struct Resolution {
 // INVALID_ARGUMENT naming the rule or tensor and the reason for: a rule with
 // a bad pattern or parameters, a scheme that cannot fill its tensor (dtype,
 // shape), tensors that nothing covers (all listed, up to a message-size
-// cap), a module_default that cannot be planned, a bad model.modules entry.
+// cap), a module_default that cannot be planned, a bad model.modules entry,
+// more rules or matching work than the bounds above. CANCELLED once
+// `cancelled` says the caller is gone (polled between tensors).
 absl::StatusOr<Resolution> ResolveInits(
-    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors);
+    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors,
+    const Cancelled& cancelled = {});
 
 }  // namespace materializer::init
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 
 namespace materializer::registry {
 
@@ -123,8 +124,8 @@ absl::StatusOr<uint32_t> Handle::CloseExport(absl::string_view export_id) {
     }
   }
   return absl::NotFoundError(
-      absl::StrCat("export \"", export_id,
-                   "\" not found (it was closed already, or it "
+      absl::StrCat("export ", Quote(export_id),
+                   " not found (it was closed already, or it "
                    "belongs to another client)"));
 }
 
@@ -168,16 +169,26 @@ Handle::TensorFingerprints(
   return tensor_fingerprints_;
 }
 
-std::string Handle::FileDigest(const std::string& key) const {
+std::string Handle::FileDigest(const FileKey& key) const {
   absl::MutexLock lock(&mu_);
   auto it = file_digests_.find(key);
   return it == file_digests_.end() ? std::string() : it->second;
 }
 
-void Handle::SetFileDigest(const std::string& key,
+void Handle::SetFileDigest(const FileKey& key,
                            const std::string& digest) const {
   absl::MutexLock lock(&mu_);
-  file_digests_[key] = digest;
+  if (!file_digests_.insert_or_assign(key, digest).second) return;
+  file_digest_order_.push_back(key);
+  while (file_digest_order_.size() > kMaxFileDigests) {
+    file_digests_.erase(file_digest_order_.front());
+    file_digest_order_.pop_front();
+  }
+}
+
+size_t Handle::num_file_digests() const {
+  absl::MutexLock lock(&mu_);
+  return file_digests_.size();
 }
 
 }  // namespace materializer::registry

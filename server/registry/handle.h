@@ -2,9 +2,11 @@
 #define MATERIALIZER_SERVER_REGISTRY_HANDLE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -122,10 +124,18 @@ class Handle {
   using Fingerprints = std::vector<uint64_t>;
   absl::StatusOr<std::shared_ptr<const Fingerprints>> TensorFingerprints(
       const std::function<absl::StatusOr<Fingerprints>()>& compute) const;
-  //   Whole-file digests by file key (format, filters, flags); set by the
-  //   first fetch or DescribeFile that computes one.
-  std::string FileDigest(const std::string& key) const;
-  void SetFileDigest(const std::string& key, const std::string& digest) const;
+  //   Whole-file digests by file key, a 128-bit hash of what decides the
+  //   file's bytes (format, flags, which tensors the filters select); set
+  //   by the first fetch or DescribeFile that computes one. At most
+  //   kMaxFileDigests are kept, the oldest dropped first: a client asking
+  //   for ever different files makes the server hold at most ~8 KiB per
+  //   handle for them (docs/delivery.md).
+  using FileKey = std::pair<uint64_t, uint64_t>;
+  static constexpr size_t kMaxFileDigests = 64;
+  // "" if not cached.
+  std::string FileDigest(const FileKey& key) const;
+  void SetFileDigest(const FileKey& key, const std::string& digest) const;
+  size_t num_file_digests() const;
 
   // Lease: Renew moves the expiry to now + ttl; a handle without a TTL
   // never expires.
@@ -139,15 +149,17 @@ class Handle {
 
   mutable absl::Mutex mu_;
   // Guards state_, error_, arena_, released_, lease_expiry_, exports_,
-  // file_digests_.
+  // file_digests_, file_digest_order_.
   v1::HandleState state_ ABSL_GUARDED_BY(mu_) = v1::HANDLE_STATE_MATERIALIZING;
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const memory::Arena> arena_ ABSL_GUARDED_BY(mu_);
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time lease_expiry_ ABSL_GUARDED_BY(mu_);
   std::vector<ExportRecord> exports_ ABSL_GUARDED_BY(mu_);
-  mutable absl::flat_hash_map<std::string, std::string> file_digests_
+  mutable absl::flat_hash_map<FileKey, std::string> file_digests_
       ABSL_GUARDED_BY(mu_);
+  // Keys of file_digests_, oldest first.
+  mutable std::deque<FileKey> file_digest_order_ ABSL_GUARDED_BY(mu_);
 
   // Held while a derived value is computed (seconds for gigabytes), so
   // that concurrent first callers compute it once. Guards the two caches

@@ -128,9 +128,26 @@ TEST(HandleDerivedTest, ComputedOnceAndCached) {
   }));
   EXPECT_EQ((*crcs)[0], 7u);
 
-  EXPECT_EQ(h->FileDigest("k"), "");
-  h->SetFileDigest("k", "xxh3-128:bb");
-  EXPECT_EQ(h->FileDigest("k"), "xxh3-128:bb");
+  const Handle::FileKey k{1, 2};
+  EXPECT_EQ(h->FileDigest(k), "");
+  h->SetFileDigest(k, "xxh3-128:bb");
+  EXPECT_EQ(h->FileDigest(k), "xxh3-128:bb");
+}
+
+TEST(HandleDerivedTest, FileDigestCacheIsBounded) {
+  HandleRegistry registry;
+  std::shared_ptr<Handle> h = registry.Create(SpecFor("alice"));
+  // A client asking for ever different files: the cache keeps the newest.
+  for (uint64_t i = 0; i < 10000; ++i) {
+    h->SetFileDigest({i, i}, "xxh3-128:" + std::to_string(i));
+    ASSERT_LE(h->num_file_digests(), Handle::kMaxFileDigests);
+  }
+  EXPECT_EQ(h->num_file_digests(), Handle::kMaxFileDigests);
+  EXPECT_EQ(h->FileDigest({9999, 9999}), "xxh3-128:9999");
+  EXPECT_EQ(h->FileDigest({0, 0}), "");
+  // Setting a cached key again does not grow it.
+  h->SetFileDigest({9999, 9999}, "xxh3-128:9999");
+  EXPECT_EQ(h->num_file_digests(), Handle::kMaxFileDigests);
 }
 
 }  // namespace

@@ -10,14 +10,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/common/quote.h"
 
 namespace materializer::registry {
 namespace {
 
 absl::Status NotFound(absl::string_view id) {
   return absl::NotFoundError(
-      absl::StrCat("handle \"", id, "\" not found (it does not exist, or it "
-                                    "belongs to another client)"));
+      absl::StrCat("handle ", Quote(id), " not found (it does not exist, or it "
+                                        "belongs to another client)"));
 }
 
 }  // namespace

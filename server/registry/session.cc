@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 
 namespace materializer::registry {
 namespace {
@@ -89,8 +90,8 @@ absl::Status SessionTable::WithLiveSession(absl::string_view owner,
   auto it = sessions_.find(session_id);
   if (it == sessions_.end() || it->second.owner != owner) {
     return absl::NotFoundError(absl::StrCat(
-        "session \"", session_id,
-        "\" not found (it ended, or it belongs to another client)"));
+        "session ", Quote(session_id),
+        " not found (it ended, or it belongs to another client)"));
   }
   bind();
   return absl::OkStatus();

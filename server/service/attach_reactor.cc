@@ -2,23 +2,38 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/util/time_util.h"
 #include "server/common/happens_before.h"
 #include "server/common/log.h"
+#include "server/service/raw_message.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
 namespace {
 
+constexpr char kMethod[] = "Attach";
+
+absl::Status ParseAttachRequest(const grpc::ByteBuffer& raw,
+                                v1::AttachRequest* request) {
+  if (raw.Length() > kMaxAttachRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an AttachRequest of ", raw.Length(), " bytes; the limit is ",
+        kMaxAttachRequestBytes));
+  }
+  return ParseMessage(raw, request);
+}
+
 class AttachReactor final
-    : public grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  AttachReactor(registry::SessionTable* sessions, engine::Caller caller)
-      : sessions_(sessions), caller_(std::move(caller)) {
+  AttachReactor(registry::SessionTable* sessions, ThreadPool* workers,
+                engine::Caller caller)
+      : sessions_(sessions), workers_(workers), caller_(std::move(caller)) {
     ReactionScope reaction(this);
-    StartRead(&request_);
+    StartRead(&raw_request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -26,21 +41,29 @@ class AttachReactor final
     if (!ok) {
       // The client closed its side (or the stream broke): the lease ends.
       Detach();
-      Finish(grpc::Status::OK);
+      Finish(EndCall(kMethod, absl::OkStatus()));
       return;
     }
-    if (attached_) {  // a heartbeat
-      StartRead(&request_);
+    v1::AttachRequest request;
+    absl::Status parsed = ParseAttachRequest(raw_request_, &request);
+    raw_request_.Clear();
+    if (!parsed.ok()) {
+      Detach();
+      Finish(EndCall(kMethod, parsed));
+      return;
+    }
+    if (attached()) {  // a heartbeat
+      StartRead(&raw_request_);
       return;
     }
     absl::StatusOr<registry::SessionTable::Attached> attached =
-        request_.resume_token().empty()
+        request.resume_token().empty()
             ? absl::StatusOr<registry::SessionTable::Attached>(
                   sessions_->Open(caller_.identity, absl::Now()))
-            : sessions_->Resume(caller_.identity, request_.resume_token(),
+            : sessions_->Resume(caller_.identity, request.resume_token(),
                                 absl::Now());
     if (!attached.ok()) {
-      Finish(ToGrpcStatus(attached.status()));
+      Finish(EndCall(kMethod, attached.status()));
       return;
     }
     {
@@ -50,23 +73,29 @@ class AttachReactor final
     }
     MLOG(INFO) << (attached->resumed ? "resumed" : "opened") << " session "
                << attached->session_id << " of " << caller_.identity;
-    response_.set_session_id(attached->session_id);
-    response_.set_resume_token(attached->resume_token);
-    response_.set_resumed(attached->resumed);
-    *response_.mutable_grace() =
+    v1::AttachResponse response;
+    response.set_session_id(attached->session_id);
+    response.set_resume_token(attached->resume_token);
+    response.set_resumed(attached->resumed);
+    *response.mutable_grace() =
         google::protobuf::util::TimeUtil::MicrosecondsToDuration(
             absl::ToInt64Microseconds(sessions_->grace()));
-    StartWrite(&response_);
+    if (absl::Status s = SerializeMessage(response, &raw_response_); !s.ok()) {
+      Detach();
+      Finish(EndCall(kMethod, s));
+      return;
+    }
+    StartWrite(&raw_response_);
   }
 
   void OnWriteDone(bool ok) override {
     ReactionScope reaction(this);
     if (!ok) {
       Detach();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "attach broken"));
+      Finish(EndCall(kMethod, absl::CancelledError("attach broken")));
       return;
     }
-    StartRead(&request_);
+    StartRead(&raw_request_);
   }
 
   // The client went away (killed, network lost, deadline) or the server is
@@ -83,6 +112,13 @@ class AttachReactor final
   }
 
  private:
+  bool attached() {
+    absl::MutexLock lock(&mu_);
+    return attached_;
+  }
+
+  // Starts the grace period, on a worker: with a zero grace period it
+  // releases the session's handles, which may take a while.
   void Detach() {
     registry::SessionTable::Attached attachment;
     {
@@ -94,14 +130,18 @@ class AttachReactor final
     MLOG(INFO) << "session " << attachment.session_id << " of "
                << caller_.identity << " detached; grace "
                << absl::FormatDuration(sessions_->grace());
-    sessions_->Detach(attachment.session_id, attachment.generation,
-                      absl::Now());
+    workers_->Schedule(caller_.identity,
+                       [sessions = sessions_, attachment, now = absl::Now()] {
+                         sessions->Detach(attachment.session_id,
+                                          attachment.generation, now);
+                       });
   }
 
   registry::SessionTable* const sessions_;
+  ThreadPool* const workers_;
   const engine::Caller caller_;
-  v1::AttachRequest request_;
-  v1::AttachResponse response_;
+  grpc::ByteBuffer raw_request_;
+  grpc::ByteBuffer raw_response_;
 
   // OnCancel may run on another thread than the read/write callbacks.
   absl::Mutex mu_;
@@ -112,11 +152,11 @@ class AttachReactor final
 
 // Finishes at once with an error (e.g. the caller is not authenticated).
 class RefusedAttach final
-    : public grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  explicit RefusedAttach(grpc::Status status) {
+  explicit RefusedAttach(const absl::Status& status) {
     ReactionScope reaction(this);
-    Finish(std::move(status));
+    Finish(EndCall(kMethod, status));
   }
   void OnDone() override {
     HappensAfter(this);
@@ -126,18 +166,19 @@ class RefusedAttach final
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* StartAttach(
-    registry::SessionTable* sessions, engine::Caller caller) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartAttach(
+    registry::SessionTable* sessions, ThreadPool* workers,
+    engine::Caller caller) {
   if (sessions == nullptr) {
-    return new RefusedAttach(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                          "this server has no sessions"));
+    return new RefusedAttach(
+        absl::FailedPreconditionError("this server has no sessions"));
   }
-  return new AttachReactor(sessions, std::move(caller));
+  return new AttachReactor(sessions, workers, std::move(caller));
 }
 
-grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* RefuseAttach(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* RefuseAttach(
     const absl::Status& status) {
-  return new RefusedAttach(ToGrpcStatus(status));
+  return new RefusedAttach(status);
 }
 
 }  // namespace materializer::service

@@ -1,8 +1,10 @@
 #include "server/service/auth.h"
 
 #include <openssl/crypto.h>
+#include <openssl/sha.h>
 
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <utility>
 
@@ -30,57 +32,88 @@ absl::StatusOr<std::string> ReadFile(const std::string& path,
   return text.str();
 }
 
-// Checks "authorization: Bearer <token>" before any handler runs and makes
-// the token's client the call's peer identity.
+// The one "authorization" value of a call, or UNAUTHENTICATED.
+template <typename Metadata>
+absl::StatusOr<absl::string_view> AuthorizationOf(const Metadata& metadata) {
+  auto [begin, end] = metadata.equal_range(kAuthorizationMetadataKey);
+  if (begin == end) {
+    return absl::UnauthenticatedError(
+        "missing bearer token: send metadata \"authorization: Bearer "
+        "<token>\"");
+  }
+  if (std::next(begin) != end) {
+    return absl::UnauthenticatedError(
+        "more than one authorization metadata value; send one bearer token");
+  }
+  return absl::string_view(begin->second.data(), begin->second.size());
+}
+
+// Refuses a call without a valid bearer token before any handler runs.
+// It changes nothing: `context` is the connection's auth context, shared by
+// every call on it, so the caller's identity is not recorded there but
+// taken by Authenticator::Authenticate from each call's own metadata.
 class TokenProcessor final : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenProcessor(absl::flat_hash_map<std::string, std::string> tokens)
+  explicit TokenProcessor(std::shared_ptr<const TokenTable> tokens)
       : tokens_(std::move(tokens)) {}
 
-  // A map lookup: cheap enough for gRPC's own threads.
+  // A hash and a table scan: cheap enough for gRPC's own threads.
   bool IsBlocking() const override { return false; }
 
   grpc::Status Process(const InputMetadata& metadata,
-                       grpc::AuthContext* context,
-                       OutputMetadata* consumed_metadata,
+                       grpc::AuthContext* /*context*/,
+                       OutputMetadata* /*consumed_metadata*/,
                        OutputMetadata* /*response_metadata*/) override {
-    auto it = metadata.find("authorization");
-    if (it == metadata.end()) {
+    absl::StatusOr<absl::string_view> authorization =
+        AuthorizationOf(metadata);
+    absl::Status status = authorization.status();
+    if (status.ok()) status = tokens_->ClientOf(*authorization).status();
+    if (!status.ok()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "missing bearer token: send metadata "
-                          "\"authorization: Bearer <token>\"");
+                          std::string(status.message()));
     }
-    absl::string_view value(it->second.data(), it->second.size());
-    if (!absl::ConsumePrefix(&value, "Bearer ")) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "authorization metadata is not \"Bearer <token>\"");
-    }
-    // Compare against every token in constant time per token, so timing
-    // does not reveal how much of a guess was right.
-    const std::string* client = nullptr;
-    for (const auto& [token, name] : tokens_) {
-      if (token.size() == value.size() &&
-          CRYPTO_memcmp(token.data(), value.data(), value.size()) == 0) {
-        client = &name;
-      }
-    }
-    if (client == nullptr) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "bearer token not recognised");
-    }
-    context->AddProperty(kTokenIdentityProperty, *client);
-    context->SetPeerIdentityPropertyName(kTokenIdentityProperty);
-    consumed_metadata->insert(std::make_pair(
-        std::string(it->first.data(), it->first.size()),
-        std::string(it->second.data(), it->second.size())));
     return grpc::Status::OK;
   }
 
  private:
-  const absl::flat_hash_map<std::string, std::string> tokens_;
+  const std::shared_ptr<const TokenTable> tokens_;
 };
 
 }  // namespace
+
+TokenTable::TokenTable(
+    const absl::flat_hash_map<std::string, std::string>& tokens) {
+  entries_.reserve(tokens.size());
+  for (const auto& [token, client] : tokens) {
+    Entry entry;
+    SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(),
+           entry.digest);
+    entry.client = client;
+    entries_.push_back(std::move(entry));
+  }
+}
+
+absl::StatusOr<std::string> TokenTable::ClientOf(
+    absl::string_view authorization) const {
+  if (!absl::ConsumePrefix(&authorization, "Bearer ")) {
+    return absl::UnauthenticatedError(
+        "authorization metadata is not \"Bearer <token>\"");
+  }
+  unsigned char digest[32];
+  SHA256(reinterpret_cast<const unsigned char*>(authorization.data()),
+         authorization.size(), digest);
+  // Every entry is compared, whichever matches.
+  const std::string* client = nullptr;
+  for (const Entry& entry : entries_) {
+    if (CRYPTO_memcmp(entry.digest, digest, sizeof(digest)) == 0) {
+      client = &entry.client;
+    }
+  }
+  if (client == nullptr) {
+    return absl::UnauthenticatedError("bearer token not recognised");
+  }
+  return *client;
+}
 
 std::string ClientNameProblem(absl::string_view name) {
   if (name.empty() || name.size() > 128) {
@@ -178,11 +211,11 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
       return absl::InvalidArgumentError(absl::StrCat(
           options.token_file, ": ", tokens.status().message()));
     }
+    auth->tokens_ = std::make_shared<const TokenTable>(*tokens);
     auth->credentials_->SetAuthMetadataProcessor(
-        std::make_shared<TokenProcessor>(std::move(*tokens)));
-    auth->tokens_ = true;
+        std::make_shared<TokenProcessor>(auth->tokens_));
   }
-  if (!auth->mtls_ && !auth->tokens_) {
+  if (!auth->mtls_ && auth->tokens_ == nullptr) {
     return absl::InvalidArgumentError(
         "TLS without client authentication would leave callers anonymous: "
         "add --tls_client_ca (mTLS) or --token_file (bearer tokens)");
@@ -203,10 +236,11 @@ std::string Authenticator::Describe() const {
                         kClientMetadataKey,
                         "' call metadata without authentication");
   }
+  const bool tokens = tokens_ != nullptr;
   return absl::StrCat("TLS with ",
-                      mtls_ && tokens_ ? "client certificates and bearer tokens"
-                      : mtls_          ? "client certificates (mTLS)"
-                                       : "bearer tokens");
+                      mtls_ && tokens ? "client certificates and bearer tokens"
+                      : mtls_         ? "client certificates (mTLS)"
+                                      : "bearer tokens");
 }
 
 absl::StatusOr<engine::Caller> Authenticator::Authenticate(
@@ -224,16 +258,21 @@ absl::StatusOr<engine::Caller> Authenticator::Authenticate(
       }
       caller.identity = std::string(name);
     }
+  } else if (tokens_ != nullptr) {
+    // This call's own token (the processor has already checked that it
+    // has one); it wins over a client certificate.
+    absl::StatusOr<absl::string_view> authorization =
+        AuthorizationOf(metadata);
+    if (!authorization.ok()) return authorization.status();
+    absl::StatusOr<std::string> client = tokens_->ClientOf(*authorization);
+    if (!client.ok()) return client.status();
+    caller.identity = std::move(*client);
   } else {
+    // The connection's verified certificate: its first SAN, else its CN.
     std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-    // A token's client (set by the processor) wins; else the certificate's
-    // first SAN, else its CN.
     std::vector<grpc::string_ref> identity;
     if (auth != nullptr) {
-      identity = auth->FindPropertyValues(kTokenIdentityProperty);
-      if (identity.empty()) {
-        identity = auth->FindPropertyValues("x509_subject_alternative_name");
-      }
+      identity = auth->FindPropertyValues("x509_subject_alternative_name");
       if (identity.empty()) {
         identity = auth->FindPropertyValues("x509_common_name");
       }
@@ -241,7 +280,7 @@ absl::StatusOr<engine::Caller> Authenticator::Authenticate(
     if (identity.empty()) {
       return absl::UnauthenticatedError(
           "the call carries no client identity (no verified client "
-          "certificate and no bearer token)");
+          "certificate)");
     }
     caller.identity = std::string(identity.front().data(),
                                   identity.front().size());

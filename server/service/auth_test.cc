@@ -56,6 +56,25 @@ TEST(ParseTokenFileTest, ParsesTokensAndNamesBadLines) {
   EXPECT_FALSE(ParseTokenFile("0123456789abcdef0123\n").ok());
 }
 
+TEST(TokenTableTest, NamesTheClientOfEachTokenAndNothingElse) {
+  TokenTable table({{"alice-token-0123456789", "alice"},
+                    {"bob-token-0123456789ab", "bob"}});
+  EXPECT_EQ(*table.ClientOf("Bearer alice-token-0123456789"), "alice");
+  EXPECT_EQ(*table.ClientOf("Bearer bob-token-0123456789ab"), "bob");
+  // Alternating lookups do not remember anything.
+  EXPECT_EQ(*table.ClientOf("Bearer alice-token-0123456789"), "alice");
+  for (const char* bad :
+       {"Bearer alice-token-012345678", "Bearer alice-token-01234567890",
+        "bearer alice-token-0123456789", "alice-token-0123456789", "Bearer ",
+        ""}) {
+    absl::StatusOr<std::string> client = table.ClientOf(bad);
+    ASSERT_FALSE(client.ok()) << bad;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(client.status().message().find("alice-token"),
+              std::string::npos);
+  }
+}
+
 TEST(AuthenticatorTest, TokensAndClientCasNeedTls) {
   AuthOptions options;
   options.token_file = "/nonexistent";

@@ -4,7 +4,6 @@
 #include <utility>
 #include <vector>
 
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/slice.h"
 #include "server/common/happens_before.h"
 #include "server/common/log.h"
@@ -32,18 +31,51 @@ void ReleaseKeepalive(void* user_data) {
 }
 
 // Streams one fetch. Deletes itself when gRPC is done with it.
+//
+// Each step (open, produce a chunk) is a closure on the worker pool that
+// ends by starting a write or finishing; the next step is queued when that
+// write completes. So exactly one thing touches the reactor's state at a
+// time: a worker step, or the callback after it. A worker step marks the
+// reactor (HappensBefore) right before handing it to gRPC, since gRPC's
+// ordering of the write and its completion is invisible to TSan.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  explicit FetchReactor(std::unique_ptr<delivery::WeightStream> stream)
-      : stream_(std::move(stream)) {
-    ReactionScope reaction(this);
-    WriteNext();
-  }
+  FetchReactor(ThreadPool* workers, std::string client)
+      : workers_(workers), client_(std::move(client)) {}
 
   // A failed open: finish at once with the error.
   explicit FetchReactor(const absl::Status& status) {
     ReactionScope reaction(this);
-    Finish(ToGrpcStatus(status));
+    Finish(EndCall("FetchWeights", status));
+  }
+
+  // Queues the open; false if the client's queue is full (nothing queued).
+  bool Begin(OpenStream open, std::function<bool()> cancelled) {
+    HappensBefore(this);
+    return workers_->TrySchedule(
+        client_, [this, open = std::move(open),
+                  cancelled = std::move(cancelled)] {
+          HappensAfter(this);
+          if (cancelled()) {
+            End(absl::CancelledError(
+                "the fetch was cancelled, or its deadline passed, before a "
+                "worker took it"));
+            return;
+          }
+          absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream =
+              open();
+          if (!stream.ok()) {
+            End(stream.status());
+            return;
+          }
+          stream_ = std::move(*stream);
+          WriteNext();
+        });
+  }
+
+  void Refuse(const absl::Status& status) {
+    ReactionScope reaction(this);
+    Finish(EndCall("FetchWeights", status));
   }
 
   void OnWriteDone(bool ok) override {
@@ -54,10 +86,14 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       // The client went away or cancelled: stop producing and let go of
       // the arena and any staging buffers at once.
       stream_.reset();
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
+      Finish(EndCall("FetchWeights",
+                     absl::CancelledError("fetch cancelled")));
       return;
     }
-    WriteNext();
+    workers_->Schedule(client_, [this] {
+      HappensAfter(this);
+      WriteNext();
+    });
   }
 
   void OnDone() override {
@@ -66,9 +102,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
  private:
+  // On a worker. The last thing it does is hand the reactor to gRPC.
   void WriteNext() {
     if (stream_ == nullptr) {  // the last chunk has been written
-      Finish(grpc::Status::OK);
+      End(absl::OkStatus());
       return;
     }
     delivery::WeightStream::Chunk chunk;
@@ -76,7 +113,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!status.ok()) {
       MLOG(ERROR) << "fetch failed mid-stream: " << status;
       stream_.reset();
-      Finish(ToGrpcStatus(status));
+      End(status);
       return;
     }
     // The last chunk is a copy: let go of the arena now, not when gRPC gets
@@ -84,9 +121,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     // frees the memory at once.
     if (stream_->done()) stream_.reset();
     buffer_ = EncodeChunk(chunk);
+    HappensBefore(this);
     StartWrite(&buffer_);
   }
 
+  void End(const absl::Status& status) {
+    HappensBefore(this);
+    Finish(EndCall("FetchWeights", status));
+  }
+
+  ThreadPool* const workers_ = nullptr;
+  const std::string client_;
   std::unique_ptr<delivery::WeightStream> stream_;
   grpc::ByteBuffer buffer_;
 };
@@ -139,22 +184,19 @@ grpc::ByteBuffer EncodeChunk(const delivery::WeightStream::Chunk& chunk) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-absl::StatusOr<v1::FetchRequest> ParseFetchRequest(
-    const grpc::ByteBuffer& raw) {
-  grpc::ByteBuffer copy(raw);  // shares the slices
-  grpc::ProtoBufferReader reader(&copy);
-  v1::FetchRequest request;
-  if (!request.ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(
-        "the FetchRequest does not parse as materializer.v1.FetchRequest");
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
+    ThreadPool* workers, std::string client, OpenStream open,
+    std::function<bool()> cancelled, absl::Status queue_full) {
+  auto* reactor = new FetchReactor(workers, std::move(client));
+  if (!reactor->Begin(std::move(open), std::move(cancelled))) {
+    reactor->Refuse(queue_full);
   }
-  return request;
+  return reactor;
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(
-    absl::StatusOr<std::unique_ptr<delivery::WeightStream>> stream) {
-  if (!stream.ok()) return new FetchReactor(stream.status());
-  return new FetchReactor(std::move(*stream));
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(
+    const absl::Status& status) {
+  return new FetchReactor(status);
 }
 
 }  // namespace materializer::service

@@ -1,14 +1,59 @@
 #include "server/service/materializer_service.h"
 
-#include <memory>
+#include <chrono>
+#include <functional>
+#include <string>
 #include <utility>
 
-#include "server/common/log.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/service/attach_reactor.h"
 #include "server/service/fetch_reactor.h"
+#include "server/service/raw_message.h"
 #include "server/service/status.h"
 
 namespace materializer::service {
+namespace {
+
+using Cancelled = std::function<bool()>;
+
+// True once the caller is gone: it cancelled, the connection broke, or the
+// call's deadline passed.
+Cancelled CancelledBy(grpc::CallbackServerContext* context) {
+  return [context] {
+    return context->IsCancelled() ||
+           std::chrono::system_clock::now() > context->deadline();
+  };
+}
+
+absl::Status QueueFull(const std::string& client, const ThreadPool& workers) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "client ", client, " already has ", workers.max_queued_per_key(),
+      " calls waiting for a worker, the most one client may queue; retry "
+      "when some of them have finished"));
+}
+
+// Parses the request, runs `call` unless the caller has gone already, and
+// serializes its answer.
+template <typename Request, typename Call>
+absl::Status RunUnary(const grpc::ByteBuffer& raw_request,
+                      grpc::ByteBuffer* raw_response,
+                      const engine::Caller& caller, const Cancelled& cancelled,
+                      const Call& call) {
+  if (cancelled()) {
+    return absl::CancelledError(
+        "the call was cancelled, or its deadline passed, before a worker "
+        "took it; nothing was done");
+  }
+  Request request;
+  RETURN_IF_ERROR(ParseMessage(raw_request, &request));
+  auto result = call(caller, request, cancelled);
+  if (!result.ok()) return result.status();
+  return SerializeMessage(*result, raw_response);
+}
+
+}  // namespace
 
 MaterializerService::MaterializerService(engine::Engine* engine,
                                          ThreadPool* workers,
@@ -19,147 +64,151 @@ MaterializerService::MaterializerService(engine::Engine* engine,
       authenticator_(authenticator),
       sessions_(sessions) {}
 
-template <typename Response, typename Call>
+template <typename Request, typename Call>
 grpc::ServerUnaryReactor* MaterializerService::Unary(
-    grpc::CallbackServerContext* context, Response* response, bool offload,
-    Call call) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const char* method, grpc::CallbackServerContext* context,
+    const Raw* request, Raw* response, Call call) {
+  Reactor* reactor = context->DefaultReactor();
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
+    reactor->Finish(EndCall(method, caller.status()));
     return reactor;
   }
-  auto run = [reactor, response, call = std::move(call),
-              caller = std::move(*caller)]() mutable {
-    absl::StatusOr<Response> result = call(caller);
-    if (result.ok()) *response = std::move(*result);
-    reactor->Finish(ToGrpcStatus(result.status()));
+  const std::string client = caller->identity;
+  // gRPC keeps `request`, `response` and `context` until Finish.
+  auto work = [method, reactor, request, response,
+               cancelled = CancelledBy(context), call = std::move(call),
+               caller = std::move(*caller)] {
+    reactor->Finish(EndCall(
+        method, RunUnary<Request>(*request, response, caller, cancelled, call)));
   };
-  if (offload) {
-    workers_->Schedule(std::move(run));
-  } else {
-    run();
+  if (!workers_->TrySchedule(client, std::move(work))) {
+    reactor->Finish(EndCall(method, QueueFull(client, *workers_)));
   }
   return reactor;
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Plan(
-    grpc::CallbackServerContext* context, const v1::PlanRequest* request,
-    v1::PlanResponse* response) {
-  return Unary(context, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Plan(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::PlanRequest>(
+      "Plan", context, request, response,
+      [this](const engine::Caller& caller, const v1::PlanRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->Plan(caller, r, cancelled);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Materialize(
-    grpc::CallbackServerContext* context,
-    const v1::MaterializeRequest* request,
-    v1::MaterializeResponse* response) {
-  return Unary(context, response, /*offload=*/true,
-               [this, request, context](const engine::Caller& caller) {
-                 // Stop initializing, and roll back, once the caller is gone.
-                 return engine_->Materialize(
-                     caller, *request, [context] { return context->IsCancelled(); });
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::MaterializeRequest>(
+      "Materialize", context, request, response,
+      [this](const engine::Caller& caller, const v1::MaterializeRequest& r,
+             const Cancelled& cancelled) {
+        // Stops, and rolls back, once the caller is gone.
+        return engine_->Materialize(caller, r, cancelled);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Describe(
-    grpc::CallbackServerContext* context, const v1::DescribeRequest* request,
-    v1::HandleInfo* response) {
-  return Unary(context, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Describe(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::DescribeRequest>(
+      "Describe", context, request, response,
+      [this](const engine::Caller& caller, const v1::DescribeRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->Describe(caller, r, cancelled);
+      });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+    grpc::CallbackServerContext* context, const Raw* raw) {
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
-  if (!caller.ok()) return StartFetch(caller.status());
-  absl::StatusOr<v1::FetchRequest> request = ParseFetchRequest(*raw);
-  if (!request.ok()) return StartFetch(request.status());
-  return StartFetch(engine_->OpenFetch(*caller, *request));
+  if (!caller.ok()) return RefuseFetch(caller.status());
+  const std::string client = caller->identity;
+  Cancelled cancelled = CancelledBy(context);
+  return StartFetch(
+      workers_, client,
+      [this, raw, cancelled, caller = std::move(*caller)]()
+          -> absl::StatusOr<std::unique_ptr<delivery::WeightStream>> {
+        v1::FetchRequest request;
+        RETURN_IF_ERROR(ParseMessage(*raw, &request));
+        return engine_->OpenFetch(caller, request, cancelled);
+      },
+      cancelled,
+      QueueFull(client, *workers_));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
-    grpc::CallbackServerContext* context, const v1::FetchRequest* request,
-    v1::FileLayout* response) {
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
   // The first DescribeFile of a file hashes all of it.
-  return Unary(context, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->DescribeFile(caller, *request);
-               });
+  return Unary<v1::FetchRequest>(
+      "DescribeFile", context, request, response,
+      [this](const engine::Caller& caller, const v1::FetchRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->DescribeFile(caller, r, cancelled);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::ExportHandle(
-    grpc::CallbackServerContext* context, const v1::ExportRequest* request,
-    v1::ExportResponse* response) {
-  return Unary(context, response, /*offload=*/false,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->ExportHandle(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::ExportRequest>(
+      "ExportHandle", context, request, response,
+      [this](const engine::Caller& caller, const v1::ExportRequest& r,
+             const Cancelled&) { return engine_->ExportHandle(caller, r); });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::CloseExport(
-    grpc::CallbackServerContext* context,
-    const v1::CloseExportRequest* request,
-    v1::CloseExportResponse* response) {
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
   // Closing the last CUDA export of a released handle frees its memory.
-  return Unary(context, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->CloseExport(caller, *request);
-               });
+  return Unary<v1::CloseExportRequest>(
+      "CloseExport", context, request, response,
+      [this](const engine::Caller& caller, const v1::CloseExportRequest& r,
+             const Cancelled&) { return engine_->CloseExport(caller, r); });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Release(
-    grpc::CallbackServerContext* context, const v1::ReleaseRequest* request,
-    v1::ReleaseResponse* response) {
-  // Unmapping a large arena takes a while; keep it off the callback thread.
-  return Unary(context, response, /*offload=*/true,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Release(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::ReleaseRequest>(
+      "Release", context, request, response,
+      [this](const engine::Caller& caller, const v1::ReleaseRequest& r,
+             const Cancelled&) { return engine_->Release(caller, r); });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::ListHandles(
-    grpc::CallbackServerContext* context,
-    const v1::ListHandlesRequest* /*request*/,
-    v1::ListHandlesResponse* response) {
-  return Unary(context, response, /*offload=*/false,
-               [this](const engine::Caller& caller)
-                   -> absl::StatusOr<v1::ListHandlesResponse> {
-                 return engine_->ListHandles(caller);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::ListHandlesRequest>(
+      "ListHandles", context, request, response,
+      [this](const engine::Caller& caller, const v1::ListHandlesRequest&,
+             const Cancelled&) -> absl::StatusOr<v1::ListHandlesResponse> {
+        return engine_->ListHandles(caller);
+      });
 }
 
 grpc::ServerUnaryReactor* MaterializerService::GetStats(
-    grpc::CallbackServerContext* context,
-    const v1::GetStatsRequest* /*request*/, v1::GetStatsResponse* response) {
-  return Unary(context, response, /*offload=*/false,
-               [this](const engine::Caller& caller)
-                   -> absl::StatusOr<v1::GetStatsResponse> {
-                 return engine_->GetStats(caller);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::GetStatsRequest>(
+      "GetStats", context, request, response,
+      [this](const engine::Caller& caller, const v1::GetStatsRequest&,
+             const Cancelled&) -> absl::StatusOr<v1::GetStatsResponse> {
+        return engine_->GetStats(caller);
+      });
 }
 
-grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 MaterializerService::Attach(grpc::CallbackServerContext* context) {
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) return RefuseAttach(caller.status());
-  return StartAttach(sessions_, std::move(*caller));
+  return StartAttach(sessions_, workers_, std::move(*caller));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::Renew(
-    grpc::CallbackServerContext* context, const v1::RenewRequest* request,
-    v1::RenewResponse* response) {
-  return Unary(context, response, /*offload=*/false,
-               [this, request](const engine::Caller& caller) {
-                 return engine_->Renew(caller, *request);
-               });
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::RenewRequest>(
+      "Renew", context, request, response,
+      [this](const engine::Caller& caller, const v1::RenewRequest& r,
+             const Cancelled&) { return engine_->Renew(caller, r); });
 }
 
 }  // namespace materializer::service

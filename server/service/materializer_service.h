@@ -3,8 +3,20 @@
 
 // The gRPC adapter for materializer.v1.Materializer (callback API). Each
 // handler authenticates, calls the engine, converts the status, and
-// finishes; no business logic lives here. Calls that can take long (Plan,
-// Materialize) run on the worker pool so gRPC's callback threads stay free.
+// finishes; no business logic lives here.
+//
+// Threads: on gRPC's callback thread a handler only authenticates the call
+// (a hash and a table scan) and queues it on the worker pool under the
+// caller's identity, so clients are served fairly (common/thread_pool.h).
+// Everything else, parsing the request included, runs on a worker. A call
+// whose client has gone away (cancelled, or its deadline passed) before a
+// worker takes it is not run at all; long calls poll for it while they run.
+//
+// Every method is a raw (ByteBuffer) method: requests are parsed here, so
+// bytes that do not parse are INVALID_ARGUMENT naming the message type
+// (gRPC's typed handlers would answer UNIMPLEMENTED with no message), and
+// fetch chunks are written as serialized messages whose bytes reference
+// the arena (fetch_reactor.h).
 
 #include "materializer/v1/materializer.grpc.pb.h"
 #include "server/common/thread_pool.h"
@@ -14,67 +26,82 @@
 
 namespace materializer::service {
 
-// Thread-safe. The engine and worker pool must outlive the gRPC server that
-// serves this service.
-//
-// FetchWeights uses the raw callback API: its chunks are written as
-// serialized messages whose bytes reference the arena (fetch_reactor.h).
-class MaterializerService final
-    : public v1::Materializer::WithRawCallbackMethod_FetchWeights<
-          v1::Materializer::CallbackService> {
+namespace internal {
+
+// Layers<Base, A, B, C>::type is A<B<C<Base>>>: how gRPC's generated
+// per-method mixins stack.
+template <typename Base, template <typename> class... Mixins>
+struct Layers {
+  using type = Base;
+};
+template <typename Base, template <typename> class First,
+          template <typename> class... Rest>
+struct Layers<Base, First, Rest...> {
+  using type = First<typename Layers<Base, Rest...>::type>;
+};
+
+}  // namespace internal
+
+// Materializer with every method taking and answering raw bytes.
+using RawMaterializerService = internal::Layers<
+    v1::Materializer::Service,
+    v1::Materializer::WithRawCallbackMethod_Plan,
+    v1::Materializer::WithRawCallbackMethod_Materialize,
+    v1::Materializer::WithRawCallbackMethod_Describe,
+    v1::Materializer::WithRawCallbackMethod_FetchWeights,
+    v1::Materializer::WithRawCallbackMethod_Release,
+    v1::Materializer::WithRawCallbackMethod_ListHandles,
+    v1::Materializer::WithRawCallbackMethod_GetStats,
+    v1::Materializer::WithRawCallbackMethod_DescribeFile,
+    v1::Materializer::WithRawCallbackMethod_Attach,
+    v1::Materializer::WithRawCallbackMethod_Renew,
+    v1::Materializer::WithRawCallbackMethod_ExportHandle,
+    v1::Materializer::WithRawCallbackMethod_CloseExport>::type;
+
+// Thread-safe. The engine, worker pool, authenticator and sessions must
+// outlive the gRPC server that serves this service.
+class MaterializerService final : public RawMaterializerService {
  public:
-  // All must outlive the gRPC server that serves this service; `sessions`
-  // may be null (no sessions).
+  // `sessions` may be null (no sessions).
   MaterializerService(engine::Engine* engine, ThreadPool* workers,
                       const Authenticator* authenticator,
                       registry::SessionTable* sessions);
 
-  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
-                                 const v1::PlanRequest* request,
-                                 v1::PlanResponse* response) override;
-  grpc::ServerUnaryReactor* Materialize(
-      grpc::CallbackServerContext* context,
-      const v1::MaterializeRequest* request,
-      v1::MaterializeResponse* response) override;
-  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* context,
-                                     const v1::DescribeRequest* request,
-                                     v1::HandleInfo* response) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchWeights(
-      grpc::CallbackServerContext* context,
-      const grpc::ByteBuffer* request) override;
-  grpc::ServerUnaryReactor* DescribeFile(grpc::CallbackServerContext* context,
-                                         const v1::FetchRequest* request,
-                                         v1::FileLayout* response) override;
-  grpc::ServerUnaryReactor* ExportHandle(grpc::CallbackServerContext* context,
-                                         const v1::ExportRequest* request,
-                                         v1::ExportResponse* response) override;
-  grpc::ServerUnaryReactor* CloseExport(
-      grpc::CallbackServerContext* context,
-      const v1::CloseExportRequest* request,
-      v1::CloseExportResponse* response) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
-                                    const v1::ReleaseRequest* request,
-                                    v1::ReleaseResponse* response) override;
-  grpc::ServerUnaryReactor* ListHandles(
-      grpc::CallbackServerContext* context,
-      const v1::ListHandlesRequest* request,
-      v1::ListHandlesResponse* response) override;
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const v1::GetStatsRequest* request,
-                                     v1::GetStatsResponse* response) override;
-  grpc::ServerBidiReactor<v1::AttachRequest, v1::AttachResponse>* Attach(
+  using Reactor = grpc::ServerUnaryReactor;
+  using Raw = grpc::ByteBuffer;
+
+  Reactor* Plan(grpc::CallbackServerContext* context, const Raw* request,
+                Raw* response) override;
+  Reactor* Materialize(grpc::CallbackServerContext* context,
+                       const Raw* request, Raw* response) override;
+  Reactor* Describe(grpc::CallbackServerContext* context, const Raw* request,
+                    Raw* response) override;
+  grpc::ServerWriteReactor<Raw>* FetchWeights(
+      grpc::CallbackServerContext* context, const Raw* request) override;
+  Reactor* DescribeFile(grpc::CallbackServerContext* context,
+                        const Raw* request, Raw* response) override;
+  Reactor* ExportHandle(grpc::CallbackServerContext* context,
+                        const Raw* request, Raw* response) override;
+  Reactor* CloseExport(grpc::CallbackServerContext* context,
+                       const Raw* request, Raw* response) override;
+  Reactor* Release(grpc::CallbackServerContext* context, const Raw* request,
+                   Raw* response) override;
+  Reactor* ListHandles(grpc::CallbackServerContext* context,
+                       const Raw* request, Raw* response) override;
+  Reactor* GetStats(grpc::CallbackServerContext* context, const Raw* request,
+                    Raw* response) override;
+  grpc::ServerBidiReactor<Raw, Raw>* Attach(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* Renew(grpc::CallbackServerContext* context,
-                                  const v1::RenewRequest* request,
-                                  v1::RenewResponse* response) override;
+  Reactor* Renew(grpc::CallbackServerContext* context, const Raw* request,
+                 Raw* response) override;
 
  private:
-  // Authenticates, then runs `call(caller)` -> StatusOr<Response> inline or
-  // on the worker pool, stores the value in *response and finishes.
-  template <typename Response, typename Call>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
-                                  Response* response, bool offload,
-                                  Call call);
+  // Authenticates, then queues on the worker pool: parse the request as
+  // `Request`, run `call(caller, request, cancelled)` ->
+  // StatusOr<Response>, serialize the answer into *response and finish.
+  template <typename Request, typename Call>
+  Reactor* Unary(const char* method, grpc::CallbackServerContext* context,
+                 const Raw* request, Raw* response, Call call);
 
   engine::Engine* const engine_;
   ThreadPool* const workers_;

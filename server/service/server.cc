@@ -86,11 +86,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->sessions_ = std::make_unique<registry::SessionTable>(
       server->registry_.get(), options.session_grace);
   server->authenticator_ = std::move(authenticator);
-  const int workers =
+  if (options.client_workers < 0 || options.client_queue < 1) {
+    return absl::InvalidArgumentError(
+        "client workers must be >= 0 and the client queue >= 1");
+  }
+  ThreadPool::Options pool_options;
+  pool_options.threads =
       options.workers > 0
           ? options.workers
-          : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
-  server->workers_ = std::make_unique<ThreadPool>(workers);
+          : std::max(4, static_cast<int>(std::thread::hardware_concurrency()));
+  pool_options.max_running_per_key = options.client_workers;
+  pool_options.max_queued_per_key = static_cast<size_t>(options.client_queue);
+  server->workers_ = std::make_unique<ThreadPool>(pool_options);
+  const int workers = server->workers_->num_threads();
   engine::EngineOptions engine_options;
   engine_options.sessions = server->sessions_.get();
   engine_options.default_ttl = options.default_ttl;
@@ -147,7 +155,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   MLOG(INFO) << "serving " << kServiceName << " on " << server->address_
              << " with devices " << absl::StrJoin(summary, ", ") << ", "
-             << workers << " workers";
+             << workers << " workers (at most "
+             << server->workers_->max_running_per_key() << " per client)";
   if (server->authenticator_->insecure()) {
     MLOG(WARNING) << server->authenticator_->Describe();
   } else {

@@ -50,9 +50,16 @@ struct ServerOptions {
   int default_quota_handles = 0;
   // Largest request or response message.
   int max_message_bytes = 256 << 20;
-  // Threads for Plan/Materialize/Release and async materializations;
-  // 0 means one per hardware thread (at least 2).
+  // Threads for every call's work (request parsing, Plan, Materialize,
+  // fetch chunks, ...) and async materializations; 0 means one per
+  // hardware thread, at least 4.
   int workers = 0;
+  // Most workers one client's calls may hold at once; 0 means workers - 1,
+  // so another client always finds a worker within one call's time.
+  int client_workers = 0;
+  // Most calls of one client waiting for a worker; more are refused with
+  // RESOURCE_EXHAUSTED.
+  int client_queue = 256;
   // Authentication (TLS with client certificates and/or bearer tokens, or
   // the development mode). The development mode takes the client's name
   // from metadata, which is safe only where every peer is trusted; serving

@@ -9,8 +9,11 @@
 
 namespace materializer::spec {
 
-absl::Status CheckAgainstMetaTensors(const std::vector<TensorDesc>& tensors) {
-  for (const TensorDesc& t : tensors) {
+absl::Status CheckAgainstMetaTensors(const std::vector<TensorDesc>& tensors,
+                                     const Cancelled& cancelled) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
+    const TensorDesc& t = tensors[i];
     at::Tensor meta;
     RETURN_IF_ERROR(GuardTorch(absl::StrCat("meta tensor \"", t.name, "\""),
                                [&] {

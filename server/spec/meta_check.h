@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/common/cancel.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::spec {
@@ -12,7 +13,10 @@ namespace materializer::spec {
 // storage) and checks that torch agrees with our arithmetic: element count,
 // byte size and contiguity. Touches no memory beyond the tensor headers.
 // INTERNAL if torch disagrees (a bug in the dtype table, never user input).
-absl::Status CheckAgainstMetaTensors(const std::vector<TensorDesc>& tensors);
+// CANCELLED once `cancelled` says the caller is gone (polled between
+// tensors).
+absl::Status CheckAgainstMetaTensors(const std::vector<TensorDesc>& tensors,
+                                     const Cancelled& cancelled = {});
 
 }  // namespace materializer::spec
 

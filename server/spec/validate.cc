@@ -6,13 +6,16 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 
 namespace materializer::spec {
 namespace {
 
 std::string TensorPath(int index, absl::string_view name) {
-  return absl::StrCat("model.tensors[", index, "] (\"", name, "\")");
+  // Valid names (at most kMaxNameLength) are shown whole.
+  return absl::StrCat("model.tensors[", index, "] (",
+                      Quote(name, kMaxNameLength), ")");
 }
 
 absl::Status Invalid(int index, absl::string_view name,
@@ -30,48 +33,71 @@ bool MulWithin(uint64_t a, uint64_t b, uint64_t limit, uint64_t* out) {
 
 // Sets tie_root for every tensor with tie_to: the end of its chain, which
 // must exist, have the same shape and dtype, and not lead back to itself.
+// Linear in the number of tensors: each tensor's root is found once and
+// remembered, so a chain of n tensors costs n steps in all, not n^2.
 absl::Status ResolveTies(
     const v1::ModelSpec& model,
     const absl::flat_hash_map<absl::string_view, int>& index_of,
     std::vector<TensorDesc>& tensors) {
-  for (int i = 0; i < model.tensors_size(); ++i) {
+  enum : char { kUnseen = 0, kOnPath = 1, kDone = 2 };
+  const int n = model.tensors_size();
+  std::vector<char> state(n, kUnseen);
+  std::vector<int> root(n, -1);
+  std::vector<int> path;
+  for (int i = 0; i < n; ++i) {
     const v1::TensorSpec& t = model.tensors(i);
     if (t.tie_to().empty()) continue;
     if (t.has_init()) {
       return Invalid(i, t.name(),
                      absl::StrCat("has both tie_to and init; a tied tensor "
-                                  "takes its values from \"",
-                                  t.tie_to(), "\", so remove its init"));
+                                  "takes its values from ",
+                                  Quote(t.tie_to()), ", so remove its init"));
     }
-    // Follow the chain; more steps than tensors means a cycle.
+    // Follow the chain until a tensor whose root is known, or the root.
+    path.clear();
     int current = i;
-    for (int steps = 0;; ++steps) {
+    int found = -1;
+    while (found < 0) {
+      if (state[current] == kDone) {
+        found = root[current];
+        break;
+      }
+      state[current] = kOnPath;
+      path.push_back(current);
       const std::string& next_name = model.tensors(current).tie_to();
-      if (next_name.empty()) break;
+      if (next_name.empty()) {
+        found = current;
+        break;
+      }
       auto it = index_of.find(next_name);
       if (it == index_of.end()) {
-        return Invalid(
-            current, model.tensors(current).name(),
-            absl::StrCat("tie_to \"", next_name, "\" names no tensor of the model"));
+        return Invalid(current, model.tensors(current).name(),
+                       absl::StrCat("tie_to ", Quote(next_name),
+                                    " names no tensor of the model"));
       }
-      if (it->second == i || steps > model.tensors_size()) {
+      if (state[it->second] == kOnPath) {
         return Invalid(i, t.name(),
-                       absl::StrCat("tie_to forms a cycle through \"",
-                                    next_name, "\""));
+                       absl::StrCat("tie_to forms a cycle through ",
+                                    Quote(next_name)));
       }
       current = it->second;
     }
-    const TensorDesc& root = tensors[current];
+    for (int k : path) {
+      root[k] = found;
+      state[k] = kDone;
+    }
+    const TensorDesc& root_desc = tensors[found];
     TensorDesc& tied = tensors[i];
-    if (root.shape != tied.shape || root.dtype != tied.dtype) {
+    if (root_desc.shape != tied.shape || root_desc.dtype != tied.dtype) {
       return Invalid(
           i, t.name(),
-          absl::StrCat("tie_to \"", root.name, "\": shape [",
+          absl::StrCat("tie_to ", Quote(root_desc.name), ": shape [",
                        absl::StrJoin(tied.shape, ", "), "] ", Name(tied.dtype),
                        " differs from the root's [",
-                       absl::StrJoin(root.shape, ", "), "] ", Name(root.dtype)));
+                       absl::StrJoin(root_desc.shape, ", "), "] ",
+                       Name(root_desc.dtype)));
     }
-    tied.tie_root = current;
+    tied.tie_root = found;
   }
   return absl::OkStatus();
 }
@@ -105,7 +131,7 @@ std::string NameProblem(absl::string_view name) {
 }
 
 absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
-    const v1::ModelSpec& model) {
+    const v1::ModelSpec& model, const Cancelled& cancelled) {
   if (model.tensors_size() > kMaxTensors) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.tensors: ", model.tensors_size(),
@@ -117,6 +143,7 @@ absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
   seen.reserve(model.tensors_size());
 
   for (int i = 0; i < model.tensors_size(); ++i) {
+    if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
     const v1::TensorSpec& t = model.tensors(i);
     if (std::string problem = NameProblem(t.name()); !problem.empty()) {
       return Invalid(i, t.name(), problem);
@@ -137,8 +164,8 @@ absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
           i, t.name(),
           t.dtype().empty()
               ? absl::StrCat("dtype is missing; one of: ", KnownDTypeNames())
-              : absl::StrCat("unknown dtype \"", t.dtype(),
-                             "\"; one of: ", KnownDTypeNames()));
+              : absl::StrCat("unknown dtype ", Quote(t.dtype()),
+                             "; one of: ", KnownDTypeNames()));
     }
     if (!v1::TensorKind_IsValid(t.kind())) {
       return Invalid(i, t.name(), absl::StrCat("unknown kind ", t.kind()));

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/common/cancel.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::spec {
@@ -29,9 +30,10 @@ inline constexpr uint64_t kMaxTensorBytes = (uint64_t{1} << 63) - 1;
 // shapes (rank, non-negative sizes, no 63-bit overflow of numel or bytes),
 // dtypes and ties (tie_to must name a tensor of the same shape and dtype,
 // without cycles; chains resolve to their root in tie_root). Returns the
-// tensors in request order.
+// tensors in request order. Linear in the request; CANCELLED once
+// `cancelled` says the caller is gone (polled between tensors).
 absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
-    const v1::ModelSpec& model);
+    const v1::ModelSpec& model, const Cancelled& cancelled = {});
 
 // The reason `name` is not an acceptable tensor name, or "" if it is.
 std::string NameProblem(absl::string_view name);

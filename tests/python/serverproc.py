@@ -297,3 +297,109 @@ def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
         # The contract is exactly one stdout line.
         assert not extra, f"unexpected stdout from materializerd: {extra!r}"
         os.unlink(log.name)
+
+
+# -- helpers for hostile-client tests -----------------------------------------
+
+SERVICE_PATH = "/materializer.v1.Materializer/"
+
+
+def rss_bytes(pid):
+    """Resident set size of process `pid`, in bytes (Linux)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid):
+    """User + system CPU time process `pid` has used so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def raw_unary(channel, method, payload, metadata=None, timeout=30):
+    """Sends `payload` (bytes, not necessarily a valid message) to the unary
+    RPC `method` of the Materializer service and returns the answer's
+    bytes."""
+    call = channel.unary_unary(SERVICE_PATH + method,
+                               request_serializer=None,
+                               response_deserializer=None)
+    return call(payload, metadata=metadata, timeout=timeout)
+
+
+def raw_unary_future(channel, method, payload, metadata=None, timeout=30):
+    call = channel.unary_unary(SERVICE_PATH + method,
+                               request_serializer=None,
+                               response_deserializer=None)
+    return call.future(payload, metadata=metadata, timeout=timeout)
+
+
+def health_serving(channel, timeout=2.0):
+    """True if grpc.health.v1.Health/Check for "" answers SERVING within
+    `timeout` seconds; False on any error (the reason is not needed)."""
+    import grpc
+    check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                request_serializer=None,
+                                response_deserializer=None)
+    try:
+        # HealthCheckRequest{service: ""} is empty; SERVING is status = 1.
+        return check(b"", timeout=timeout) == b"\x08\x01"
+    except grpc.RpcError:
+        return False
+
+
+def _varint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number, payload):
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def plan_request_bytes(tensors, rules=(("*", b"\x0a\x00"),), tie_chain=False):
+    """A serialized PlanRequest of `tensors` (name, [dims]) float32 tensors,
+    built directly as bytes so that requests of 10^5..10^6 tensors take
+    milliseconds to build in Python. `rules` are (pattern, serialized
+    InitScheme) pairs (default: "*" -> zeros). With tie_chain, tensor i is
+    tied to tensor i + 1 (a chain ending at the last)."""
+    parts = []
+    dtype = _field(3, b"float32")
+    for i, (name, dims) in enumerate(tensors):
+        body = _field(1, name.encode()) + _field(
+            2, b"".join(_varint(d) for d in dims)) + dtype
+        if tie_chain and i + 1 < len(tensors):
+            body += _field(8, tensors[i + 1][0].encode())
+        parts.append(_field(1, body))
+    for pattern, scheme in rules:
+        rule = _field(1, pattern.encode() if isinstance(pattern, str)
+                      else pattern) + _field(2, scheme)
+        parts.append(_field(2, rule))
+    return _field(1, b"".join(parts))
+
+
+def make_tls_pki(directory):
+    """Writes a CA (ca.pem) and a server certificate for 127.0.0.1 and
+    localhost (server.pem, server.key) into `directory`, with openssl."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=directory, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=ca", "-keyout", "ca.key", "-out", "ca.pem")
+    with open(os.path.join(directory, "server.ext"), "w",
+              encoding="ascii") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=server",
+            "-keyout", "server.key", "-out", "server.csr")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey",
+            "ca.key", "-CAcreateserial", "-days", "2", "-extfile",
+            "server.ext", "-out", "server.pem")
