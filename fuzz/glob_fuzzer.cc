@@ -7,14 +7,17 @@
 // the longest tensor name the server accepts, since no longer name is ever
 // matched).
 //
-// Properties, for every pattern CheckGlob accepts (the server checks every
-// pattern before matching with it):
-//   - GlobMatch agrees with a reference matcher written here from the
-//     grammar in glob.h (a table over pattern tokens x name positions);
+// Properties, for every pattern Glob::Compile accepts (the server compiles
+// every pattern before matching with it):
+//   - Glob::Matches and GlobMatch agree with a reference matcher written
+//     here from the grammar in glob.h (a table over pattern tokens x name
+//     positions);
 //   - a pattern made from the name with its special characters quoted as
 //     classes matches the name, and "*" matches everything;
 //   - one match takes well under a second, however long the pattern: the
-//     server matches patterns from requests on its threads.
+//     server matches patterns from requests on its threads;
+//   - a refused pattern gets a bounded message (it is echoed to clients)
+//     and matches nothing; Compile and CheckGlob agree.
 
 #include <algorithm>
 #include <bitset>
@@ -198,12 +201,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         << Show(quoted) << " does not match " << Show(name);
   }
 
-  if (!init::CheckGlob(pattern).ok()) return 0;
+  const absl::StatusOr<init::Glob> glob = init::Glob::Compile(pattern);
+  FUZZ_CHECK(glob.ok() == init::CheckGlob(pattern).ok())
+      << "Compile and CheckGlob disagree on " << Show(pattern);
+  if (!glob.ok()) {
+    FUZZ_CHECK(glob.status().message().size() <= 1024)
+        << "a " << glob.status().message().size() << "-byte error for a "
+        << pattern.size() << "-byte pattern";
+    FUZZ_CHECK(!init::GlobMatch(pattern, name))
+        << "a pattern that does not compile matched";
+    return 0;
+  }
   const auto start = std::chrono::steady_clock::now();
-  const bool matched = init::GlobMatch(pattern, name);
+  const bool matched = glob->Matches(name);
   const double seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - start)
                              .count();
+  FUZZ_CHECK(matched == init::GlobMatch(pattern, name))
+      << "Glob::Matches and GlobMatch disagree on " << Show(pattern) << " vs "
+      << Show(name);
   FUZZ_CHECK(seconds < kMaxMatchSeconds)
       << "matching a " << pattern.size() << "-byte pattern against a "
       << name.size() << "-byte name took " << seconds << " s: "

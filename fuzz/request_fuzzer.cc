@@ -7,7 +7,8 @@
 //
 // Input: one flag byte, then the message. Flag bit 0: 0 binary, 1 JSON;
 // bits 1-2: the fetch format (0-3); bit 3: include_non_persistent; bit 4:
-// write_ties_once.
+// write_ties_once; bit 5: also run Plan and Materialize with a caller that
+// goes away after 0, 1, 2 or 5 polls (bits 6-7).
 //
 // Properties:
 //   - no status outside OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED,
@@ -27,9 +28,12 @@
 //     finite values, or be refused), and a tensor given literal `values`
 //     holds exactly those bytes;
 //   - Plan allocates nothing, and after Release (or a failed Materialize)
-//     the ledger and the registry are empty.
+//     the ledger and the registry are empty;
+//   - a call whose caller goes away ends CANCELLED (only then), or as it
+//     would have anyway, and keeps nothing.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -44,6 +48,7 @@
 #include "fuzz/check.h"
 #include "google/protobuf/util/json_util.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/common/cancel.h"
 #include "server/common/log.h"
 #include "server/common/thread_pool.h"
 #include "server/engine/engine.h"
@@ -97,8 +102,12 @@ std::string Show(const absl::Status& status) {
   return text;
 }
 
-void CheckStatus(const absl::Status& status, absl::string_view call) {
+void CheckStatus(const absl::Status& status, absl::string_view call,
+                 bool may_cancel = false) {
+  FUZZ_CHECK(may_cancel || status.code() != absl::StatusCode::kCancelled)
+      << call << " answered " << Show(status) << " though nobody cancelled";
   switch (status.code()) {
+    case absl::StatusCode::kCancelled:
     case absl::StatusCode::kOk:
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kResourceExhausted:
@@ -413,5 +422,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckHandle(world, caller, request, *plan, *made, flags);
   }
   CheckNothingHeld(world, made.ok() ? "Release" : "a failed Materialize");
+
+  if (flags & 0x20) {
+    static constexpr int kPollsBeforeLeaving[] = {0, 1, 2, 5};
+    const int limit = kPollsBeforeLeaving[(flags >> 6) & 3];
+    // Init threads may poll too.
+    std::atomic<int> polls{0};
+    const Cancelled gone = [&polls, limit] { return polls++ >= limit; };
+    const absl::StatusOr<v1::PlanResponse> cancelled_plan =
+        world.engine->Plan(caller, plan_request, gone);
+    CheckStatus(cancelled_plan.status(), "Plan (caller gone)", true);
+    FUZZ_CHECK(cancelled_plan.status().code() == plan.status().code() ||
+               (cancelled_plan.status().code() ==
+                    absl::StatusCode::kCancelled &&
+                polls > limit))
+        << "Plan answered " << Show(plan.status()) << ", and "
+        << Show(cancelled_plan.status()) << " when its caller left after "
+        << limit << " polls";
+    CheckNothingHeld(world, "a Plan whose caller left");
+    polls = 0;
+    const absl::StatusOr<v1::MaterializeResponse> cancelled_made =
+        world.engine->Materialize(caller, request, gone);
+    CheckStatus(cancelled_made.status(), "Materialize (caller gone)", true);
+    FUZZ_CHECK(cancelled_made.status().code() == made.status().code() ||
+               (cancelled_made.status().code() ==
+                    absl::StatusCode::kCancelled &&
+                polls > limit))
+        << "Materialize answered " << Show(made.status()) << ", and "
+        << Show(cancelled_made.status()) << " when its caller left after "
+        << limit << " polls";
+    if (cancelled_made.ok()) {
+      v1::ReleaseRequest release;
+      release.set_handle(cancelled_made->handle());
+      release.set_force(true);
+      FUZZ_CHECK(world.engine->Release(caller, release).ok());
+    }
+    CheckNothingHeld(world, "a Materialize whose caller left");
+  }
   return 0;
 }

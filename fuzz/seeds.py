@@ -240,6 +240,12 @@ def request_corpus(pb, json_format):
                 flags = (fmt << 1) | ((fmt & 1) << 3) | ((fmt & 1) << 4)
                 add_json(f"seed-{name}-small-{rng.split('_')[-1].lower()}"
                          f"-format{fmt}.json", json.dumps(s), flags)
+        # The caller goes away after 0, 1, 2 or 5 polls (flag bits 5-7).
+        for k in range(4):
+            s = copy.deepcopy(small)
+            s["model"]["rng"] = TORCH if k % 2 else PORTABLE
+            add_json(f"seed-{name}-small-caller-leaves-{k}.json", json.dumps(s),
+                     0x20 | (k << 6))
         split = copy.deepcopy(small)
         split["placement"] = {"device": "split", "split": {
             "devices": ["cpu:1", "cpu:0"], "maxMemory": {"cpu:1": "4KiB"}}}
