@@ -105,6 +105,11 @@ SIZES = [0, 1, 2, 3, 4, 5, 8, 16, 31, 64]
 HUGE_SIZES = [-1, 2**31, 2**32, 4294967296, 2**40, 2**62, 2**63 - 1, -2**63]
 
 
+def i64(value):
+    """`value` wrapped into int64, as a C++ client's arithmetic would."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
 def long_text(rng, n=None):
     n = n if n is not None else rng.choice([300, 4096, 70000, 1 << 20])
     return rng.choice("qab*[") * n
@@ -387,14 +392,14 @@ class Client(threading.Thread):
                     if k > 0 or rng.random() < 0.2:
                         for s in t.shape:
                             d = step.region.add()
-                            d.offset = rng.choice([0, 1, s, s + 1, -1])
+                            d.offset = i64(rng.choice([0, 1, s, s + 1, -1]))
                             d.length = rng.choice([0, 1, s, -1])
             if rng.random() < 0.12:
                 if rng.random() < 0.6:
                     for s in t.shape:
                         d = t.shard.box.add()
-                        d.offset = rng.choice([0, 1, max(s - 1, 0), s, -1,
-                                               2**62])
+                        d.offset = i64(rng.choice([0, 1, max(s - 1, 0), s,
+                                                   s + 1, -1, 2**62]))
                         d.length = rng.choice([0, 1, s, max(s // 2, 0), -1])
                     if not t.shape:
                         t.shard.SetInParent()
@@ -679,8 +684,19 @@ class Client(threading.Thread):
         start = time.monotonic()
         try:
             if kind == "unary":
-                self.t.channel.unary_unary(path)(payload, metadata=self.md,
-                                                 timeout=DEADLINE_S)
+                answer = self.t.channel.unary_unary(path)(
+                    payload, metadata=self.md, timeout=DEADLINE_S)
+                # Mutated bytes can still be a valid request: keep track
+                # of what it created, so finishing releases it.
+                if method == "Materialize":
+                    handle = self.pb.MaterializeResponse.FromString(
+                        answer).handle
+                    self.handles.append(handle)
+                    self.exportable.add(handle)
+                    self.publish()
+                elif method == "ExportHandle":
+                    self.exports.append(
+                        self.pb.ExportResponse.FromString(answer).export_id)
             elif kind == "server_stream":
                 for _ in self.t.channel.unary_stream(path)(
                         payload, metadata=self.md, timeout=DEADLINE_S):

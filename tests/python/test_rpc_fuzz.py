@@ -17,11 +17,11 @@ def check(fuzzer):
 
 
 def test_every_rpc_two_identities_fixed_seed():
-    check(rpc_fuzzer.run(requests=1200, seed=1))
+    check(rpc_fuzzer.run(requests=3000, seed=1))
 
 
 def test_bearer_tokens_two_identities_on_one_connection():
     # Each call names its caller: a connection must not remember the
     # identity of an earlier call.
-    check(rpc_fuzzer.run(requests=300, seed=2, tokens=True,
+    check(rpc_fuzzer.run(requests=1000, seed=2, tokens=True,
                          regressions=False))
