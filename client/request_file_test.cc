@@ -40,7 +40,7 @@ TEST(RequestFileTest, UnknownFieldNamesTheFileAndTheField) {
 
 TEST(RequestFileTest, SyntaxErrorHasNoBlankLines) {
   absl::StatusOr<v1::MaterializeRequest> request =
-      ParseRequestFile("{\"model\": {\"seed\": }", "broken.json");
+      ParseRequestFile("{\"model\": {\"seed\": ", "broken.json");
   ASSERT_THAT(request, StatusIs(absl::StatusCode::kInvalidArgument,
                                 HasSubstr("broken.json")));
   EXPECT_THAT(std::string(request.status().message()), Not(HasSubstr("\n\n")));
