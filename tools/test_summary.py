@@ -1,5 +1,7 @@
-"""Counts test cases from Bazel's test.xml files and pytest's JUnit XML and
-prints the final "N passed, N failed" line of ./dev test.
+"""Counts test cases from Bazel's test.xml files (the optimized run, the
+ThreadSanitizer run, the ASan + UBSan run), pytest's JUnit XML and the fuzz
+stage's JUnit XML (one case per fuzz target), and prints the final
+"N passed, N failed" line of ./dev test.
 
 A test case counts as failed if its XML says so. A runner that failed
 without leaving a failing case behind (a crash before XML was written, a
@@ -70,6 +72,13 @@ def main() -> int:
     parser.add_argument("--tsan-testlogs", type=pathlib.Path)
     parser.add_argument("--tsan-targets", type=pathlib.Path)
     parser.add_argument("--tsan-exit", type=int, default=0)
+    # The ASan + UBSan run of every C++ test (optional).
+    parser.add_argument("--asan-testlogs", type=pathlib.Path)
+    parser.add_argument("--asan-targets", type=pathlib.Path)
+    parser.add_argument("--asan-exit", type=int, default=0)
+    # The fuzz stage: fuzz/run.py's JUnit XML and exit status (optional).
+    parser.add_argument("--fuzz-junit", type=pathlib.Path)
+    parser.add_argument("--fuzz-exit", type=int, default=0)
     parser.add_argument("--junit", type=pathlib.Path, required=True)
     parser.add_argument("--pytest-exit", type=int, required=True)
     args = parser.parse_args()
@@ -80,7 +89,9 @@ def main() -> int:
     for logs, targets, code, label in (
             (args.bazel_testlogs, args.bazel_targets, args.bazel_exit, ""),
             (args.tsan_testlogs, args.tsan_targets, args.tsan_exit,
-             " (tsan)")):
+             " (tsan)"),
+            (args.asan_testlogs, args.asan_targets, args.asan_exit,
+             " (asan)")):
         if logs is None:
             continue
         p, f, names = count_bazel(logs, targets, code, label)
@@ -98,6 +109,19 @@ def main() -> int:
         py_failed = 1
         failures.append(f"pytest exited with {args.pytest_exit}")
     failed += py_failed
+
+    if args.fuzz_junit is not None or args.fuzz_exit != 0:
+        fuzz_failed = 0
+        if args.fuzz_junit is not None and args.fuzz_junit.exists():
+            p, f, names = count_cases(args.fuzz_junit)
+            passed += p
+            fuzz_failed += f
+            failures += [f"fuzz: {n}" for n in names]
+        if args.fuzz_exit != 0 and fuzz_failed == 0:
+            fuzz_failed = 1
+            failures.append(f"fuzz stage exited with {args.fuzz_exit} "
+                            "(build error or crash; see its output above)")
+        failed += fuzz_failed
 
     if failures:
         print("\nFailed:")

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
 #include "client/cli/render.h"
-#include "client/cli/request_file.h"
+#include "client/request_file.h"
 #include "client/format.h"
 #include "server/common/status_macros.h"
 #include "server/common/units.h"

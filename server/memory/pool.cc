@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/common/units.h"
 
@@ -243,15 +244,15 @@ absl::StatusOr<int> DevicePool::ResolveLocked(absl::string_view client,
     if (std::string shortfall = ShortfallLocked(client, i, bytes, driver);
         !shortfall.empty()) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("placement \"", placement, "\": ", shortfall));
+          absl::StrCat("placement ", Quote(placement), ": ", shortfall));
     }
     return i;
   }
   std::vector<std::string> names;
   for (const DeviceConfig& device : devices_) names.push_back(device.name);
   return absl::InvalidArgumentError(absl::StrCat(
-      "placement.device: \"", placement,
-      "\" is not a device of this server; devices: auto, ",
+      "placement.device: ", Quote(placement),
+      " is not a device of this server; devices: auto, ",
       absl::StrJoin(names, ", ")));
 }
 
@@ -316,18 +317,21 @@ absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
                              [&](const DeviceConfig& d) { return d.name == name; });
       if (it == devices_.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "placement.split.devices: \"", name,
-            "\" is not a device of this server"));
+            "placement.split.devices: ", Quote(name),
+            " is not a device of this server"));
       }
       order.push_back(static_cast<int>(it - devices_.begin()));
     }
   }
-  for (const auto& [name, cap] : request.max_memory) {
+  for (const auto& entry : request.max_memory) {
+    // Not a structured binding: lambdas may capture those only from C++20
+    // (clang refuses it in C++17; the fuzz build uses clang).
+    const std::string& name = entry.first;
     if (std::none_of(order.begin(), order.end(),
                      [&](int i) { return devices_[i].name == name; })) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "placement.split.max_memory: \"", name,
-          "\" is not one of the devices the split uses"));
+          "placement.split.max_memory: ", Quote(name),
+          " is not one of the devices the split uses"));
     }
   }
   const Quota& quota = quotas_.For(client);

@@ -1,4 +1,4 @@
-#include "client/cli/request_file.h"
+#include "client/request_file.h"
 
 #include <cerrno>
 #include <fstream>
@@ -13,7 +13,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "server/common/status_macros.h"
 
-namespace materializer::client::cli {
+namespace materializer::client {
 namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -29,8 +29,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return text.str();
 }
 
-}  // namespace
-
+// The JSON parser's reason for a syntax error is the message, then the
+// text around the error and a line with a caret under it, with blank lines
+// between. Drops the blank lines, and the caret when there is no text
+// around it (an error at the end of the file).
 std::string TidyParseError(absl::string_view reason) {
   std::vector<absl::string_view> lines;
   for (absl::string_view line : absl::StrSplit(reason, '\n')) {
@@ -42,14 +44,16 @@ std::string TidyParseError(absl::string_view reason) {
   return absl::StrJoin(lines, "\n");
 }
 
-absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(
-    const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+}  // namespace
+
+absl::StatusOr<v1::MaterializeRequest> ParseRequestFile(
+    absl::string_view text, absl::string_view path) {
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
   v1::MaterializeRequest request;
-  const auto status =
-      google::protobuf::util::JsonStringToMessage(text, &request, options);
+  const auto status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(text.data(), text.size()), &request,
+      options);
   if (!status.ok()) {
     const auto reason = status.message();
     return absl::InvalidArgumentError(absl::StrCat(
@@ -59,4 +63,10 @@ absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(
   return request;
 }
 
-}  // namespace materializer::client::cli
+absl::StatusOr<v1::MaterializeRequest> ReadRequestFile(
+    const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  return ParseRequestFile(text, path);
+}
+
+}  // namespace materializer::client
