@@ -1,0 +1,158 @@
+"""Streaming a handle into destination tensors.
+
+The handle is fetched in the raw format (tensor bytes back to back, each
+at a 64-byte boundary, in the handle's order: docs/delivery.md), whose
+layout follows from the spec, so no DescribeFile is needed (and the server
+computes no digests); the stream's total size checks it. Each chunk is
+copied straight into the destination tensors' storage: no per-tensor
+buffer, no file, no second copy of the model. CUDA destinations receive
+through pinned staging buffers (a ring of them, host-to-device copies
+overlapping the network) on a side stream.
+"""
+
+import math
+import warnings
+
+import torch
+
+from materializer.errors import LoadError
+
+RAW_ALIGN = 64
+
+
+def raw_layout(spec):
+    """[(name, offset, nbytes)] of the raw file of `spec`'s handle fetched
+    with ties excluded and non-persistent buffers included; and its size."""
+    out = []
+    pos = 0
+    for t in spec.tensors:
+        if t.tie_to:
+            continue
+        pos = -(-pos // RAW_ALIGN) * RAW_ALIGN
+        out.append((t.name, pos, t.nbytes))
+        pos += t.nbytes
+    return out, pos
+
+
+def glob_escape(name):
+    """A glob that matches exactly `name` (init-rule glob syntax)."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def fetch_fields(spec):
+    """FetchRequest fields for the raw layout above."""
+    from materializer._proto import pb
+    return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
+                exclude=[glob_escape(t.name) for t in spec.tensors if t.tie_to])
+
+
+class _Sink:
+    """Copies file byte ranges into destination tensors."""
+
+    def __init__(self, layout, dests, device, staging_bytes):
+        self.layout = sorted(layout, key=lambda e: e[1])
+        self.flat = {}
+        for name, _, nbytes in self.layout:
+            d = dests[name]
+            if d.numel() * d.element_size() != nbytes:
+                raise LoadError(f"{name}: destination holds {d.numel() * d.element_size()} "
+                                f"bytes, the handle {nbytes}")
+            if not d.is_contiguous():
+                raise LoadError(f"{name}: destination is not contiguous")
+            self.flat[name] = d.reshape(-1).view(torch.uint8) if nbytes else None
+        self.cuda = torch.device(device).type == "cuda"
+        self.i = 0
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=device)
+            self.ring = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=True)
+                         for _ in range(3)]
+            self.events = [None] * len(self.ring)
+            self.slot = 0
+
+    def write(self, offset, data):
+        """data: a bytes-like object holding file bytes [offset, offset+len)."""
+        src = torch.frombuffer(data, dtype=torch.uint8) if len(data) else None
+        if src is None:
+            return
+        if self.cuda:
+            slot = self.slot
+            self.slot = (slot + 1) % len(self.ring)
+            if self.events[slot] is not None:
+                self.events[slot].synchronize()
+            staged = self.ring[slot][:len(data)]
+            staged.copy_(src)
+            src = staged
+        end = offset + len(data)
+        layout = self.layout
+        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
+            self.i += 1
+        j = self.i
+        while j < len(layout) and layout[j][1] < end:
+            name, start, nbytes = layout[j]
+            lo, hi = max(start, offset), min(start + nbytes, end)
+            if hi > lo:
+                dst = self.flat[name][lo - start:hi - start]
+                piece = src[lo - offset:hi - offset]
+                if self.cuda:
+                    with torch.cuda.stream(self.stream):
+                        dst.copy_(piece, non_blocking=True)
+                else:
+                    dst.copy_(piece)
+            j += 1
+        if self.cuda:
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+            self.events[slot] = ev
+
+    def finish(self):
+        if self.cuda:
+            self.stream.synchronize()
+
+
+def load_stream(client, handle, spec, dests, device="cpu", progress=None,
+                verify=True, chunk_bytes=0):
+    """Fetches `handle` (materialized from `spec`) into `dests` ({root
+    name: contiguous tensor of the local shape}). progress: a tqdm-like
+    object with update(n), or None. verify: hash the received bytes and
+    compare with the stream's digest (XXH3-128). Returns the bytes
+    received."""
+    layout, total = raw_layout(spec)
+    sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
+    hasher = None
+    if verify:
+        import xxhash
+        hasher = xxhash.xxh3_128()
+    received = 0
+    digest = ""
+    with warnings.catch_warnings():
+        # torch.frombuffer warns that the (read-only) message buffer is not
+        # writable; it is only read.
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, **fetch_fields(spec)):
+            if chunk.total_bytes != total:
+                raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
+                                f"bytes, the spec's layout {total}; the handle does "
+                                "not hold this spec")
+            if chunk.offset != received:
+                raise LoadError(f"handle {handle}: chunk at {chunk.offset}, expected {received}")
+            sink.write(chunk.offset, chunk.data)
+            if hasher is not None:
+                hasher.update(chunk.data)
+            received += len(chunk.data)
+            if progress is not None:
+                progress.update(len(chunk.data))
+            if chunk.digest:
+                digest = chunk.digest
+    sink.finish()
+    if received != total:
+        raise LoadError(f"handle {handle}: the stream ended at {received} of {total} bytes")
+    if hasher is not None and total:
+        mine = "xxh3-128:" + hasher.hexdigest()
+        if digest and mine != digest:
+            raise LoadError(f"handle {handle}: the received bytes hash to {mine}, "
+                            f"the server's file to {digest}")
+    return received
+
+
+def numel(shape):
+    return math.prod(shape)
