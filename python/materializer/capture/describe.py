@@ -27,7 +27,7 @@ import threading
 
 import torch
 
-from materializer.capture import schemes
+from materializer.capture import regions, schemes
 from materializer.capture.program import Entry, Step
 from materializer.capture.recorder import Recorder, storage_key
 from materializer.capture.spec import Spec, TensorDesc, dtype_name
@@ -314,6 +314,10 @@ def _spec(model, groups, by_key, seed, rng, max_literal, max_total):
             for s in bad:
                 region = "" if s.region is None else f" (region {list(s.region)})"
                 problems.append(f"{where}{region}: {s.reason}")
+        elif steps[0].region is not None and regions.covers([s.region for s in steps], entry.shape):
+            # Slices that together write every element: the service wants a
+            # whole-tensor first step, and `empty` writes nothing.
+            entry.steps = steps = [Step(schemes.empty(), None)] + steps
         elif steps[0].region is not None:
             problems.append(f"{where}: only part of it is initialized "
                             f"(region {list(steps[0].region)}); nothing writes the rest")

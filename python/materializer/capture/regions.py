@@ -162,3 +162,31 @@ def relative(region, within, shape):
     r = region if region is not None else tuple((0, s) for s in shape)
     w = within if within is not None else tuple((0, s) for s in shape)
     return tuple((o - wo, l) for (o, l), (wo, _) in zip(r, w))
+
+
+def covers(boxes, shape, max_cells=1 << 20):
+    """Whether the union of `boxes` (regions; None = whole) is the whole
+    tensor. Exact, on the grid the boxes' edges make (False when that grid
+    would have more than max_cells cells)."""
+    if any(b is None for b in boxes):
+        return True
+    if math.prod(shape) == 0:
+        return True
+    edges = []
+    for d, size in enumerate(shape):
+        cuts = {0, size}
+        for b in boxes:
+            cuts.add(b[d][0])
+            cuts.add(b[d][0] + b[d][1])
+        edges.append(sorted(c for c in cuts if 0 <= c <= size))
+    cells = math.prod(len(e) - 1 for e in edges)
+    if cells > max_cells:
+        return False
+    covered = torch.zeros([len(e) - 1 for e in edges], dtype=torch.bool)
+    for b in boxes:
+        index = []
+        for d, (o, l) in enumerate(b):
+            lo, hi = edges[d].index(o), edges[d].index(o + l)
+            index.append(slice(lo, hi))
+        covered[tuple(index)] = True
+    return bool(covered.all())

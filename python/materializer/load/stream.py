@@ -11,8 +11,8 @@ overlapping the network) on a side stream.
 """
 
 import math
-import warnings
 
+import numpy as np
 import torch
 
 from materializer.errors import LoadError
@@ -47,10 +47,15 @@ def fetch_fields(spec):
 
 
 class _Sink:
-    """Copies file byte ranges into destination tensors."""
+    """Copies file byte ranges into destination tensors.
+
+    Copies go through NumPy views of the destinations (np.copyto: a memcpy
+    that releases the GIL); for small slices torch's copy_ costs more in
+    dispatch than in bytes."""
 
     def __init__(self, layout, dests, device, staging_bytes):
         self.layout = sorted(layout, key=lambda e: e[1])
+        self.cuda = torch.device(device).type == "cuda"
         self.flat = {}
         for name, _, nbytes in self.layout:
             d = dests[name]
@@ -59,30 +64,35 @@ class _Sink:
                                 f"bytes, the handle {nbytes}")
             if not d.is_contiguous():
                 raise LoadError(f"{name}: destination is not contiguous")
-            self.flat[name] = d.reshape(-1).view(torch.uint8) if nbytes else None
-        self.cuda = torch.device(device).type == "cuda"
+            if not nbytes:
+                self.flat[name] = None
+            elif self.cuda:
+                self.flat[name] = d.reshape(-1).view(torch.uint8)
+            else:
+                self.flat[name] = d.reshape(-1).view(torch.uint8).numpy()
         self.i = 0
         if self.cuda:
             self.stream = torch.cuda.Stream(device=device)
             self.ring = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=True)
                          for _ in range(3)]
+            self.ring_np = [r.numpy() for r in self.ring]
             self.events = [None] * len(self.ring)
             self.slot = 0
 
     def write(self, offset, data):
         """data: a bytes-like object holding file bytes [offset, offset+len)."""
-        src = torch.frombuffer(data, dtype=torch.uint8) if len(data) else None
-        if src is None:
+        n = len(data)
+        if not n:
             return
+        src = np.frombuffer(data, dtype=np.uint8)
         if self.cuda:
             slot = self.slot
             self.slot = (slot + 1) % len(self.ring)
             if self.events[slot] is not None:
                 self.events[slot].synchronize()
-            staged = self.ring[slot][:len(data)]
-            staged.copy_(src)
-            src = staged
-        end = offset + len(data)
+            np.copyto(self.ring_np[slot][:n], src)
+            staged = self.ring[slot][:n]
+        end = offset + n
         layout = self.layout
         while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
             self.i += 1
@@ -92,12 +102,11 @@ class _Sink:
             lo, hi = max(start, offset), min(start + nbytes, end)
             if hi > lo:
                 dst = self.flat[name][lo - start:hi - start]
-                piece = src[lo - offset:hi - offset]
                 if self.cuda:
                     with torch.cuda.stream(self.stream):
-                        dst.copy_(piece, non_blocking=True)
+                        dst.copy_(staged[lo - offset:hi - offset], non_blocking=True)
                 else:
-                    dst.copy_(piece)
+                    np.copyto(dst, src[lo - offset:hi - offset])
             j += 1
         if self.cuda:
             ev = torch.cuda.Event()
@@ -124,25 +133,21 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
         hasher = xxhash.xxh3_128()
     received = 0
     digest = ""
-    with warnings.catch_warnings():
-        # torch.frombuffer warns that the (read-only) message buffer is not
-        # writable; it is only read.
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, **fetch_fields(spec)):
-            if chunk.total_bytes != total:
-                raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
-                                f"bytes, the spec's layout {total}; the handle does "
-                                "not hold this spec")
-            if chunk.offset != received:
-                raise LoadError(f"handle {handle}: chunk at {chunk.offset}, expected {received}")
-            sink.write(chunk.offset, chunk.data)
-            if hasher is not None:
-                hasher.update(chunk.data)
-            received += len(chunk.data)
-            if progress is not None:
-                progress.update(len(chunk.data))
-            if chunk.digest:
-                digest = chunk.digest
+    for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, **fetch_fields(spec)):
+        if chunk.total_bytes != total:
+            raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
+                            f"bytes, the spec's layout {total}; the handle does "
+                            "not hold this spec")
+        if chunk.offset != received:
+            raise LoadError(f"handle {handle}: chunk at {chunk.offset}, expected {received}")
+        sink.write(chunk.offset, chunk.data)
+        if hasher is not None:
+            hasher.update(chunk.data)
+        received += len(chunk.data)
+        if progress is not None:
+            progress.update(len(chunk.data))
+        if chunk.digest:
+            digest = chunk.digest
     sink.finish()
     if received != total:
         raise LoadError(f"handle {handle}: the stream ended at {received} of {total} bytes")
