@@ -373,7 +373,7 @@ def _shard_box(group):
         if type(p) is Shard or isinstance(p, Replicate):
             continue
         raise CaptureError(
-            f"{where}: placement {p} is not supported; the service materializes "
+            f"{where}: placement {type(p).__name__} ({p}) is not supported; the service materializes "
             "Shard(dim) boxes (and Replicate, the whole tensor), not partial sums "
             "or strided shards")
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset

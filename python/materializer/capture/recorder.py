@@ -128,6 +128,13 @@ class Recorder(TorchFunctionMode):
         self.track_new = track_new
         self._handled_frames = {}
 
+    def __exit__(self, *exc):
+        # Frames of init functions hold views of model tensors; views keep
+        # their base's TensorImpl referenced, which would stop loaders from
+        # swapping the real tensor into the Parameter later.
+        self._handled_frames.clear()
+        return super().__exit__(*exc)
+
     # -- lookups ---------------------------------------------------------------
     def entry_of(self, t):
         if not isinstance(t, torch.Tensor) or t.device.type != "meta" or _is_dtensor(t):
