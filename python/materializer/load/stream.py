@@ -11,6 +11,8 @@ overlapping the network) on a side stream.
 """
 
 import math
+import queue
+import threading
 
 import numpy as np
 import torch
@@ -18,6 +20,8 @@ import torch
 from materializer.errors import LoadError
 
 RAW_ALIGN = 64
+# Received chunks waiting to be copied (each up to 4 MiB).
+QUEUE = 8
 
 
 def raw_layout(spec):
@@ -124,30 +128,61 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
     name: contiguous tensor of the local shape}). progress: a tqdm-like
     object with update(n), or None. verify: hash the received bytes and
     compare with the stream's digest (XXH3-128). Returns the bytes
-    received."""
+    received.
+
+    Two threads: this one receives (gRPC) and checks the framing, a second
+    one copies each chunk into place and hashes it, so that receiving the
+    next chunk overlaps copying the last (both release the GIL for the
+    bytes). At most QUEUE chunks wait in between."""
     layout, total = raw_layout(spec)
     sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
     hasher = None
     if verify:
         import xxhash
         hasher = xxhash.xxh3_128()
+    work = queue.Queue(maxsize=QUEUE)
+    failed = []
+
+    def copier():
+        try:
+            while True:
+                item = work.get()
+                if item is None:
+                    return
+                offset, data = item
+                sink.write(offset, data)
+                if hasher is not None:
+                    hasher.update(data)
+                if progress is not None:
+                    progress.update(len(data))
+        except BaseException as e:  # noqa: BLE001 - re-raised by the receiver
+            failed.append(e)
+            while work.get() is not None:   # drain so that the receiver never blocks
+                pass
+
+    thread = threading.Thread(target=copier, name="materializer-load", daemon=True)
+    thread.start()
     received = 0
     digest = ""
-    for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, **fetch_fields(spec)):
-        if chunk.total_bytes != total:
-            raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
-                            f"bytes, the spec's layout {total}; the handle does "
-                            "not hold this spec")
-        if chunk.offset != received:
-            raise LoadError(f"handle {handle}: chunk at {chunk.offset}, expected {received}")
-        sink.write(chunk.offset, chunk.data)
-        if hasher is not None:
-            hasher.update(chunk.data)
-        received += len(chunk.data)
-        if progress is not None:
-            progress.update(len(chunk.data))
-        if chunk.digest:
-            digest = chunk.digest
+    try:
+        for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, **fetch_fields(spec)):
+            if chunk.total_bytes != total:
+                raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
+                                f"bytes, the spec's layout {total}; the handle does "
+                                "not hold this spec")
+            if chunk.offset != received:
+                raise LoadError(f"handle {handle}: chunk at {chunk.offset}, expected {received}")
+            if failed:
+                break
+            work.put((chunk.offset, chunk.data))
+            received += len(chunk.data)
+            if chunk.digest:
+                digest = chunk.digest
+    finally:
+        work.put(None)
+        thread.join()
+    if failed:
+        raise failed[0]
     sink.finish()
     if received != total:
         raise LoadError(f"handle {handle}: the stream ended at {received} of {total} bytes")
