@@ -146,23 +146,21 @@ def _choose(client, transport, device, placement):
     """(transport, placement) for this call."""
     local = co_located(client.address)
     if transport == "auto":
-        if local and device.type == "cpu":
-            transport = "shm"
-        elif local and device.type == "cuda":
-            transport = "ipc"
-        else:
-            transport = "stream"
+        if local and device.type in ("cpu", "cuda"):
+            pool = [d.device for d in client.stats().devices]
+            if device.type == "cpu" and (placement or "cpu") in pool:
+                return "shm", placement or "cpu"
+            if device.type == "cuda":
+                where = placement or _server_cuda_device(client, device)
+                if where is not None:
+                    return "ipc", where
+        return "stream", placement
     if transport == "shm":
         return "shm", placement or "cpu"
     if transport == "ipc":
         if device.type != "cuda":
-            raise ValueError("transport='ipc' needs a CUDA device")
-        where = placement or _server_cuda_device(client, device)
-        if where is None:
-            if placement is None and transport == "ipc":
-                log.info("materializer: the server does not hold %s; streaming", device)
-                return "stream", None
-        return "ipc", where
+            raise ValueError("transport='ipc' needs a CUDA device of this process")
+        return "ipc", placement or _server_cuda_device(client, device)
     return "stream", placement
 
 
