@@ -101,3 +101,89 @@ def test_plan_command_on_a_request_file_a_config_and_a_server(server, tmp_path):
     text = run_plan(str(config))
     assert "training with Adam" in text and "float32" in text
     server.assert_idle()
+
+
+class Proxy:
+    """A TCP proxy to `target` whose connections can be cut (a network
+    blip) while it keeps listening."""
+
+    def __init__(self, target):
+        import socket
+        import threading
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.socks = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                a, _ = self.listener.accept()
+            except OSError:
+                return
+            b = socket.create_connection(self.target)
+            with self.lock:
+                self.socks += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pipe, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pipe(x, y):
+        try:
+            while True:
+                data = x.recv(1 << 16)
+                if not data:
+                    break
+                y.sendall(data)
+        except OSError:
+            pass
+        for s in (x, y):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self):
+        import socket
+        with self.lock:
+            socks, self.socks = self.socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.listener.close()
+        self.cut()
+
+
+def test_a_broken_session_stream_is_resumed_and_keeps_the_handles(tmp_path):
+    import time
+    with serverproc.running_server(["--session_grace=2s"]) as srv:
+        proxy = Proxy(srv.address)
+        client = mz.Client(proxy.address)
+        try:
+            m = model()
+            r = mz.materialize(m, client=client, keep_handle=True, transport="stream")
+            session = client.session().id
+            proxy.cut()                         # the Attach stream breaks
+            time.sleep(3.5)                     # longer than the grace period
+            info = client.describe(r.handle)    # a new connection, same session
+            assert info.session == session and client.session().lost is None
+            assert srv.stats().handles == 1
+        finally:
+            client.close()
+            proxy.close()
+        deadline = time.monotonic() + 10
+        while srv.stats().handles and time.monotonic() < deadline:
+            time.sleep(0.1)
+        srv.assert_idle()
