@@ -15,7 +15,7 @@ import collections
 import json
 import os
 
-from materializer.capture import Spec, TensorDesc, dtype_name
+from materializer.capture import Spec, TensorDesc
 from materializer.capture.walk import walk
 
 
@@ -136,6 +136,3 @@ def table(est, plan=None):
             lines.append(f"warning: {w}")
     return "\n".join(lines)
 
-
-def dtype_of(t):
-    return dtype_name(t.dtype)

@@ -8,8 +8,6 @@ materialized bytes with it, and the benchmark uses it as the in-process
 baseline ("to_empty + the same init").
 """
 
-import math
-
 import torch
 
 from materializer.capture import regions
@@ -128,6 +126,3 @@ def init_spec(tensors, spec):
         init_tensor(tensors[desc.name], desc.steps, spec.seed, desc.name)
     return tensors
 
-
-def full_numel(shape):
-    return math.prod(shape)

@@ -26,6 +26,10 @@ class Net(nn.Module):
         self.up = nn.Linear(6, 10)
         self.down = nn.Linear(10, 7)
 
+    def forward(self, ids):
+        return self.down(torch.relu(self.up(self.emb(ids))))
+
+
 
 def main():
     rank, world, port, address, mode, out = sys.argv[1:7]
@@ -55,6 +59,8 @@ def main():
         box = result.spec[name].shard
         saved[name] = (box, p._local_tensor.detach().clone(), str(p.placements))
     saved["__transport__"] = result.transport
+    with torch.no_grad():   # FSDP2 all-gathers the shards this rank loaded
+        saved["__output__"] = model(torch.tensor([[1, 3, 5, 10]])).detach().clone()
     torch.save(saved, out)
     dist.destroy_process_group()
 

@@ -41,13 +41,18 @@ def full_model(address, padding):
     with torch.device("meta"):
         model = Net(padding=padding)
     mz.materialize(model, server=address, seed=77)
-    return dict(model.named_parameters())
+    with torch.no_grad():
+        out = model(torch.tensor([[1, 3, 5, 10]]))
+    return dict(model.named_parameters()), out
 
 
 @pytest.mark.parametrize("world,mode", [(2, "fsdp"), (4, "shard1")])
 def test_each_rank_materializes_its_shards(server, tmp_path, world, mode):
     ranks = run_ranks(world, mode, server.address, tmp_path)
-    full = full_model(server.address, padding=mode != "shard1")
+    full, out = full_model(server.address, padding=mode != "shard1")
+    if mode == "fsdp":
+        for saved in ranks:     # the forward pass through FSDP2 sees these weights
+            assert torch.allclose(saved["__output__"], out), (saved["__output__"], out)
     for name, want in full.items():
         covered = torch.zeros(want.shape, dtype=torch.int32)
         for r, saved in enumerate(ranks):

@@ -10,7 +10,6 @@ through pinned staging buffers (a ring of them, host-to-device copies
 overlapping the network) on a side stream.
 """
 
-import math
 import queue
 import threading
 
@@ -193,6 +192,3 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
                             f"the server's file to {digest}")
     return received
 
-
-def numel(shape):
-    return math.prod(shape)

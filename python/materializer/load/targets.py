@@ -51,12 +51,21 @@ class Targets:
                                 f"{g.tensor.dtype}, the spec {list(desc.shape)} {desc.dtype}")
             self.groups[desc.name] = g
 
+    @property
+    def managed(self):
+        """True when a wrapper (FSDP2) owns the storage of the parameters:
+        their values must be written into the storage it allocates, not
+        swapped for other tensors."""
+        return any(g.dtensor for g in self.groups.values()) and _is_fsdp(self.model)
+
     def allocate(self, device):
         """Makes every described tensor real on `device` (uninitialized);
         returns {root name: the tensor to fill} (a DTensor's local shard)."""
         device = torch.device(device)
-        all_meta = all(g.is_meta for g in walk(self.model))
-        if all_meta and any(g.dtensor for g in self.groups.values()) and _is_fsdp(self.model):
+        if self.managed:
+            if not all(g.is_meta for g in walk(self.model)):
+                raise LoadError("an FSDP2 module is materialized with its own to_empty, "
+                                "which needs every tensor on the meta device")
             self.model.to_empty(device=device)
             return self._current()
         out = {}
