@@ -15,6 +15,7 @@ device before the clock starts, one run alternates N timed repetitions
   stream       materializer.materialize(model, transport="stream"): the same
                with the weights streamed into the module's tensors (raw
                format, one copy from each chunk into place, XXH3 checked);
+  stream x2    the same over two parallel streams (two connections);
   new user     (GPT-2 only) what a trainer without the SDK does: Materialize a
                request, FetchWeights into memory with grpcio, safetensors.torch
                .load, load_state_dict(assign=True);
@@ -50,7 +51,6 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 import run as bench_run  # noqa: E402  (Service, machine, git_commit, write_results)
 
 MODELS = ("gpt2-small", "llama-1b")
-PATHS = ("in-process", "shm", "stream", "new user")
 
 
 def build(model_name):
@@ -93,11 +93,11 @@ def in_process(model):
     return time.perf_counter() - t0, {}
 
 
-def service(model, client, transport, rng, seed):
+def service(model, client, transport, rng, seed, streams=1):
     import materializer
     t0 = time.perf_counter()
     r = materializer.materialize(model, client=client, transport=transport, rng=rng,
-                                 seed=seed, progress=False)
+                                 seed=seed, progress=False, streams=streams)
     wall = time.perf_counter() - t0
     assert r.transport == transport, r.transport
     return wall, dict(r.seconds)
@@ -201,7 +201,7 @@ def main():
     try:
         for name in models:
             rng = rng_of[name]
-            paths = ["in-process", "shm", "stream"] + (
+            paths = ["in-process", "shm", "stream", "stream x2"] + (
                 ["new user"] if name in args.new_user.split(",") else [])
             times = {p: [] for p in paths}
             phases = {p: [] for p in paths}
@@ -219,6 +219,8 @@ def main():
                         wall, ph = in_process(model)
                     elif p == "new user":
                         wall, ph = new_user(model, client, rng, 0)
+                    elif p == "stream x2":
+                        wall, ph = service(model, client, "stream", rng, 0, streams=2)
                     else:
                         wall, ph = service(model, client, p, rng, 0)
                     peak = _status("VmHWM") - base
@@ -285,13 +287,14 @@ def tables(results, reps):
                "the same bytes over loopback into a preallocated buffer (sendall / "
                "recv_into), same run.")
     out.append("")
-    out.append("| model | stream load | raw TCP | stream / raw TCP |")
-    out.append("|---|---:|---:|---:|")
+    out.append("| model | path | stream load | raw TCP | stream / raw TCP |")
+    out.append("|---|---|---:|---:|---:|")
     for r in results:
-        load = med([x["load"] for x in r["phases"]["stream"]])
         tcp = med(r["tcp"])
-        out.append(f"| {r['model']} | {r['bytes'] / load / 1e9:.2f} GB/s "
-                   f"| {r['bytes'] / tcp / 1e9:.2f} GB/s | **{tcp / load:.2f}** |")
+        for p in ("stream", "stream x2"):
+            load = med([x["load"] for x in r["phases"][p]])
+            out.append(f"| {r['model']} | {p} | {r['bytes'] / load / 1e9:.2f} GB/s "
+                       f"| {r['bytes'] / tcp / 1e9:.2f} GB/s | **{tcp / load:.2f}** |")
     return "\n".join(out)
 
 

@@ -22,6 +22,8 @@ log = logging.getLogger("materializer")
 TRANSPORTS = ("auto", "stream", "shm", "ipc")
 # Progress bars for models at least this large (and only on a terminal).
 PROGRESS_BYTES = 256 << 20
+# Parallel fetch streams of the stream transport (bench/sdk.py measures it).
+STREAMS = 1
 
 
 def describe(model, **kwargs):
@@ -84,8 +86,8 @@ def _progress(enabled, total, desc):
 
 def materialize(model, server=None, *, client=None, device="cpu", seed=0,
                 rng="portable", spec=None, transport="auto", placement=None,
-                keep_handle=False, progress=None, verify=True, label="",
-                **describe_kwargs):
+                keep_handle=False, progress=None, verify=True, streams=STREAMS,
+                label="", **describe_kwargs):
     """Initializes every meta tensor of `model` in place, through the
     server, and returns a Materialized.
 
@@ -101,6 +103,8 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
       session; pass your own client and keep it open).
     progress: a tqdm bar (None: on a terminal for models >= 256 MiB).
     verify: check the streamed bytes against the server's digest.
+    streams: parallel fetch streams (each on its own connection) for the
+      stream transport.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -120,7 +124,7 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
         t_mat = time.perf_counter()
         try:
             mode = _load(client, resp.handle, spec, targets, device, mode, transport,
-                         progress, verify)
+                         progress, verify, streams)
         except BaseException:
             _release(client, resp.handle, force=True)
             raise
@@ -164,7 +168,7 @@ def _choose(client, transport, device, placement):
     return "stream", placement
 
 
-def _load(client, handle, spec, targets, device, mode, requested, progress, verify):
+def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams):
     if mode in ("shm", "ipc"):
         export = None
         try:
@@ -192,7 +196,8 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
     dests = targets.allocate(device)
     bar = _progress(progress, spec.nbytes, "materializer")
     try:
-        load_stream(client, handle, spec, dests, device=device, progress=bar, verify=verify)
+        load_stream(client, handle, spec, dests, device=device, progress=bar, verify=verify,
+                    streams=streams)
     finally:
         if bar is not None:
             bar.close()

@@ -94,11 +94,12 @@ def check_loaded(model, spec, cls, bitwise=True):
             assert matutil.same_bits(tensors[desc.name].detach(), want), desc.name
 
 
-@pytest.mark.parametrize("transport", ["stream", "shm"])
-def test_torch_mode_bits_through_stream_and_shared_memory(srv, transport):
+@pytest.mark.parametrize("transport,streams", [("stream", 1), ("stream", 3), ("shm", 1)])
+def test_torch_mode_bits_through_stream_and_shared_memory(srv, transport, streams):
     with mz.meta_device():
         model = Model()
-    r = mz.materialize(model, server=srv.address, seed=11, rng="torch", transport=transport)
+    r = mz.materialize(model, server=srv.address, seed=11, rng="torch", transport=transport,
+                       streams=streams)
     assert r.transport == transport
     assert r.bytes == sum(t.nbytes for t in r.spec.roots)
     check_loaded(model, r.spec, Model)

@@ -89,24 +89,29 @@ class Connection:
         if tls is not None and tls.server_name:
             self._options.append(("grpc.ssl_target_name_override", tls.server_name))
         self._lock = threading.Lock()
-        self._channels = {}  # target -> grpc.Channel; guarded by _lock
+        self._channels = {}  # (target, lane) -> grpc.Channel; guarded by _lock
 
-    def channel(self, target):
+    def channel(self, target, lane=0):
+        """The channel to `target`. Lanes other than 0 are channels with a
+        TCP connection of their own (parallel fetch streams)."""
         with self._lock:
-            ch = self._channels.get(target)
+            ch = self._channels.get((target, lane))
             if ch is None:
-                ch = self._open(target)
-                self._channels[target] = ch
+                ch = self._open(target, lane)
+                self._channels[(target, lane)] = ch
             return ch
 
-    def _open(self, target):
+    def _open(self, target, lane=0):
+        options = list(self._options)
+        if lane:
+            options.append(("grpc.use_local_subchannel_pool", 1))
         if self.tls is None:
-            return grpc.insecure_channel(target, options=self._options)
+            return grpc.insecure_channel(target, options=options)
         creds = self.tls.credentials()
         if self.token is not None:
             creds = grpc.composite_channel_credentials(
                 creds, grpc.access_token_call_credentials(self.token))
-        return grpc.secure_channel(target, creds, options=self._options)
+        return grpc.secure_channel(target, creds, options=options)
 
     def metadata(self, extra=()):
         md = list(extra)

@@ -115,7 +115,7 @@ class Client:
                                 options=options)
         self._lock = threading.Lock()
         self._stubs = {}      # target -> stub; guarded by _lock
-        self._fetchers = {}   # target -> raw FetchWeights callable
+        self._fetchers = {}   # (target, lane) -> raw FetchWeights callable
         self._sessions = {}   # target -> Session
         self._closed = False
 
@@ -237,21 +237,22 @@ class Client:
         return self._call("CloseExport", pb.CloseExportRequest(export_id=export_id),
                           handle=handle, idempotent=False, timeout=timeout)
 
-    def fetch(self, handle, *, offset=0, timeout=None, **fields):
+    def fetch(self, handle, *, offset=0, timeout=None, lane=0, **fields):
         """The chunks of a FetchWeights stream (Chunk objects whose `data`
         views the received message; copy it before the next one if you keep
         it). Resumes from the next offset after UNAVAILABLE, up to `retries`
-        times. `timeout` bounds the whole stream (default: none)."""
+        times. `timeout` bounds the whole stream (default: none). `lane`:
+        streams on different lanes use different connections."""
         target = self._target(handle)
         with self._lock:
-            fetcher = self._fetchers.get(target)
+            fetcher = self._fetchers.get((target, lane))
         if fetcher is None:
-            fetcher = self._conn.channel(target).unary_stream(
+            fetcher = self._conn.channel(target, lane).unary_stream(
                 _FETCH_METHOD,
                 request_serializer=pb.FetchRequest.SerializeToString,
                 response_deserializer=None)
             with self._lock:
-                self._fetchers[target] = fetcher
+                self._fetchers[(target, lane)] = fetcher
         md = self._conn.metadata()
         attempt = 0
         next_offset = offset

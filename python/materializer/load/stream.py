@@ -42,11 +42,28 @@ def glob_escape(name):
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
-def fetch_fields(spec):
-    """FetchRequest fields for the raw layout above."""
+def fetch_fields(spec, names=None):
+    """FetchRequest fields for the raw layout above (of all roots, or of
+    the roots `names`, in the spec's order)."""
     from materializer._proto import pb
+    if names is not None:
+        return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
+                    include=[glob_escape(n) for n in names])
     return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
                 exclude=[glob_escape(t.name) for t in spec.tensors if t.tie_to])
+
+
+def partition(spec, parts):
+    """The roots of `spec` in `parts` groups of about equal bytes (each
+    group's names in the spec's order), for parallel streams."""
+    sizes = [0] * parts
+    groups = [[] for _ in range(parts)]
+    order = {t.name: i for i, t in enumerate(spec.tensors)}
+    for t in sorted(spec.roots, key=lambda t: -t.nbytes):
+        i = sizes.index(min(sizes))
+        groups[i].append(t.name)
+        sizes[i] += t.nbytes
+    return [sorted(g, key=order.get) for g in groups if g]
 
 
 class _Sink:
@@ -122,18 +139,59 @@ class _Sink:
 
 
 def load_stream(client, handle, spec, dests, device="cpu", progress=None,
-                verify=True, chunk_bytes=0):
+                verify=True, chunk_bytes=0, streams=1):
     """Fetches `handle` (materialized from `spec`) into `dests` ({root
     name: contiguous tensor of the local shape}). progress: a tqdm-like
     object with update(n), or None. verify: hash the received bytes and
-    compare with the stream's digest (XXH3-128). Returns the bytes
-    received.
+    compare with the stream's digest (XXH3-128). streams: parallel fetch
+    streams, each on its own connection, each for a part of the tensors
+    (groups of about equal bytes). Returns the bytes received."""
+    if streams <= 1 or len(spec.roots) < 2:
+        layout, total = raw_layout(spec)
+        return _fetch_into(client, handle, layout, total, fetch_fields(spec), dests,
+                           device, progress, verify, chunk_bytes, lane=0)
+    jobs = []
+    for lane, names in enumerate(partition(spec, streams)):
+        wanted = set(names)
+        sub = [t for t in spec.tensors if t.name in wanted]
+        layout, total = raw_layout(_Names(sub))
+        jobs.append((layout, total, fetch_fields(spec, names), lane))
+    results, errors = [0] * len(jobs), []
+
+    def run(i, job):
+        layout, total, fields, lane = job
+        try:
+            results[i] = _fetch_into(client, handle, layout, total, fields, dests, device,
+                                     progress, verify, chunk_bytes, lane)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, job), name=f"materializer-fetch-{i}",
+                                daemon=True) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(results)
+
+
+class _Names:
+    """The part of a spec a parallel stream fetches (raw_layout's input)."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+
+def _fetch_into(client, handle, layout, total, fields, dests, device, progress, verify,
+                chunk_bytes, lane):
+    """One FetchWeights stream of a raw file with `layout` into `dests`.
 
     Two threads: this one receives (gRPC) and checks the framing, a second
     one copies each chunk into place and hashes it, so that receiving the
     next chunk overlaps copying the last (both release the GIL for the
     bytes). At most QUEUE chunks wait in between."""
-    layout, total = raw_layout(spec)
     sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
     hasher = None
     if verify:
@@ -164,7 +222,7 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
     received = 0
     digest = ""
     try:
-        for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, **fetch_fields(spec)):
+        for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, lane=lane, **fields):
             if chunk.total_bytes != total:
                 raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
                                 f"bytes, the spec's layout {total}; the handle does "
@@ -191,4 +249,3 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
             raise LoadError(f"handle {handle}: the received bytes hash to {mine}, "
                             f"the server's file to {digest}")
     return received
-
