@@ -67,6 +67,9 @@ _AFFINE_OPS = {
 _AFFINE = frozenset(_AFFINE_OPS)
 
 
+_WRAPPERS = {}   # id(function) -> (function, init name or None)
+
+
 def _init_wrapper(func):
     """The torch.nn.init name of a function that stands in for one.
 
@@ -75,13 +78,18 @@ def _init_wrapper(func):
     guarded wrappers with the same signature there), so the mode may see
     the wrapper instead of torch's function."""
     name = getattr(func, "__name__", None)
-    if name not in _INIT_SIGS or not callable(func) or getattr(func, "__self__", None) is not None:
+    if name not in _INIT_SIGS or getattr(func, "__self__", None) is not None:
         return None
+    known = _WRAPPERS.get(id(func))
+    if known is not None and known[0] is func:
+        return known[1]
     try:
         params = list(inspect.signature(func).parameters)
     except (TypeError, ValueError):
-        return None
-    return name if params[:1] == ["tensor"] else None
+        params = []
+    result = name if params[:1] == ["tensor"] else None
+    _WRAPPERS[id(func)] = (func, result)
+    return result
 
 
 def _quiet():

@@ -57,7 +57,12 @@ class Box:
 def locate(x, base):
     """The Box of `x` (a tensor sharing `base`'s storage) in `base`
     (contiguous). Raises NotABox."""
-    shape = tuple(int(s) for s in base.shape)
+    shape = tuple(base.shape)
+    if (x.shape == base.shape and x.storage_offset() == base.storage_offset()
+            and x.stride() == base.stride()):
+        # The tensor itself (or .data, or an alias): the common case.
+        return Box(None, shape, shape, contiguous_strides(shape), 0)
+    shape = tuple(int(s) for s in shape)
     if base.numel() == 0:
         return Box(None, shape, x.shape, contiguous_strides(x.shape), 0)
     if x.dtype.itemsize != base.dtype.itemsize:
