@@ -147,6 +147,7 @@ class Computed(nn.Module):
         self.register_buffer("log_table", torch.empty(7))
         self.bias = nn.Parameter(torch.empty(6))
         self.register_buffer("positions", torch.empty(1, 9, dtype=torch.long))
+        self.register_buffer("evens", torch.empty(7, dtype=torch.long))
 
     def init_weights(self):
         inv = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.int64).float() / 16))
@@ -159,6 +160,7 @@ class Computed(nn.Module):
         dt = torch.exp(torch.rand(6, generator=g) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
         self.bias.data.copy_(dt + torch.log(-torch.expm1(-dt)))          # Mamba's dt bias
         self.positions.copy_(torch.arange(9).expand((1, -1)))
+        torch.arange(0, 14, 2, out=self.evens)                  # out= writes a buffer
 
 
 def test_values_computed_on_the_cpu_are_carried_as_schemes_or_literals():
@@ -167,6 +169,7 @@ def test_values_computed_on_the_cpu_are_carried_as_schemes_or_literals():
     spec = mz.describe(m)
     assert one(spec, "inv_freq") == ("rope_inv_freq", {"base": 500000.0})
     assert one(spec, "positions") == ("arange", {})
+    assert one(spec, "evens") == ("arange", {"step": 2.0})
     with torch.device("cpu"):
         cpu = Computed()
     cpu.init_weights()

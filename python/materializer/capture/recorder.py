@@ -366,7 +366,11 @@ class Recorder(TorchFunctionMode):
         """Any other in-place op: computed here when every value it reads
         is known."""
         box = self.box_of(target, entry)
-        current = entry.evaluate(box.region, self.limit)
+        if kwargs.get("out") is target:
+            # The call writes every element of `out`: its old values do not matter.
+            current = torch.empty(box.shape, dtype=entry.dtype)
+        else:
+            current = entry.evaluate(box.region, self.limit)
         view = box.view(current)
 
         def sub(x):
