@@ -167,7 +167,7 @@ class Recorder(TorchFunctionMode):
         except regions.NotABox as e:
             raise Unknown(f"written through a view that is not a box of it ({e})") from None
 
-    def values_of(self, x, shape_hint=None):
+    def values_of(self, x):
         """A CPU tensor equal to `x` (meta and tracked, or real), or raises
         Unknown."""
         if not isinstance(x, torch.Tensor):
