@@ -22,7 +22,9 @@ device before the clock starts, one run alternates N timed repetitions
 
 and a raw TCP stream over loopback of the same number of bytes into a
 preallocated buffer (sendall / recv_into), the ceiling for the stream.
-Both sides use the same thread count (torch.set_num_threads here;
+The service paths use the service's default RNG mode (portable; --rng torch
+for torch mode); the in-process path draws with torch's generator. Both
+sides use the same thread count (torch.set_num_threads here;
 OMP_NUM_THREADS, MKL_NUM_THREADS and --workers for the server).
 
     .venv/bin/python bench/sdk.py            # print the tables
@@ -174,6 +176,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rng", default="portable", choices=["portable", "torch"],
+                    help="RNG mode of the service paths (default: the service's default)")
     ap.add_argument("--new-user", default="gpt2-small",
                     help="models to also time the path without the SDK for (comma list)")
     ap.add_argument("--server", default=os.environ.get(
@@ -196,17 +200,17 @@ def main():
     import materializer
     svc = bench_run.Service(args.server, args.proto, args.threads)
     client = materializer.Client(svc.address)
-    rng_of = {"gpt2-small": "torch", "llama-1b": "portable"}
     results = []
     try:
         for name in models:
-            rng = rng_of[name]
+            rng = args.rng
             paths = ["in-process", "shm", "stream", "stream x2"] + (
                 ["new user"] if name in args.new_user.split(",") else [])
             times = {p: [] for p in paths}
             phases = {p: [] for p in paths}
             peaks = {p: [] for p in paths}
             nbytes = None
+            tcp = []
             for i in range(args.warmup + args.reps):
                 timed = i >= args.warmup
                 for p in paths:
@@ -232,7 +236,8 @@ def main():
                         times[p].append(wall)
                         phases[p].append(ph)
                         peaks[p].append(peak)
-            tcp = [raw_tcp(nbytes) for _ in range(args.reps)]
+                if timed:   # in every repetition, next to the stream paths
+                    tcp.append(raw_tcp(nbytes))
             results.append({"model": name, "rng": rng, "bytes": nbytes, "times": times,
                             "phases": phases, "peaks": peaks, "tcp": tcp})
         client.close()
@@ -285,7 +290,8 @@ def tables(results, reps):
     out.append("Stream throughput: the tensor bytes over the stream path's load phase "
                "(fetch, copy into the module, XXH3 check), next to a raw TCP stream of "
                "the same bytes over loopback into a preallocated buffer (sendall / "
-               "recv_into), same run.")
+               "recv_into), measured in every repetition next to the paths above; "
+               "medians.")
     out.append("")
     out.append("| model | path | stream load | raw TCP | stream / raw TCP |")
     out.append("|---|---|---:|---:|---:|")
