@@ -45,10 +45,12 @@ std::vector<Case> Cases() {
   for (int i = 0; i < 17; ++i) deep += i ? ", 1" : "1";
   deep += "]";
   return {
-      {"negative dimension", Model({Tensor("h.0.w", "[3, -4]")}),
+      {"negative dimension",
+       Model({Tensor("h.0.w", "[3, -4]")}),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"model.tensors[0] (\"h.0.w\")", "shape[1] is -4"}},
-      {"too many dimensions", Model({Tensor("deep", deep)}),
+      {"too many dimensions",
+       Model({Tensor("deep", deep)}),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"\"deep\"", "17 dimensions; the limit is 16"}},
       {"element count overflows 64 bits",
@@ -67,13 +69,16 @@ std::vector<Case> Cases() {
        Model({Tensor("w", "[1]"), Tensor("w", "[2]")}),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"model.tensors[1] (\"w\")", "duplicate name", "model.tensors[0]"}},
-      {"empty name", Model({Tensor("", "[1]")}),
+      {"empty name",
+       Model({Tensor("", "[1]")}),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"model.tensors[0]", "name is empty"}},
-      {"malformed name", Model({Tensor("a..b", "[1]")}),
+      {"malformed name",
+       Model({Tensor("a..b", "[1]")}),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"\"a..b\"", "empty dot-separated component"}},
-      {"unknown dtype", Model({Tensor("w", "[1]", "float33")}),
+      {"unknown dtype",
+       Model({Tensor("w", "[1]", "float33")}),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"\"w\"", "unknown dtype \"float33\""}},
       {"std < 0",
@@ -102,6 +107,86 @@ std::vector<Case> Cases() {
              R"([{"pattern": "*", "init": {"normal": {}}}])"),
        grpc::StatusCode::INVALID_ARGUMENT,
        {"\"ids\"", "needs a floating-point dtype"}},
+      // Issue 10, item 5: cases Plan accepted and Materialize failed on
+      // (INTERNAL) or filled with inf/NaN; now refused by validation.
+      {"strides overflow without elements",
+       Model({Tensor("w", "[0, 4294967296, 4294967296]")}),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\")", "strides of more than 2^63-1"}},
+      {"xavier with a negative gain",
+       Model(
+           {Tensor("w", "[4, 8]")},
+           R"([{"pattern": "*", "init": {"xavierUniform": {"gain": {"value": -1}}}}])"),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.init_rules[0]",
+        "xavier_uniform.gain.value is -1; it must be >= 0"}},
+      {"normal std that overflows float32, torch mode",
+       R"({"model": {"rng": "RNG_MODE_TORCH", "tensors": [{"name": "w",
+            "shape": [4, 8], "dtype": "float32",
+            "init": {"normal": {"std": 1e308}}}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\").init", "normal.mean and normal.std",
+        "beyond float32's largest finite value"}},
+      {"normal std that overflows float32, portable mode",
+       R"({"model": {"tensors": [{"name": "w", "shape": [4, 8],
+            "dtype": "float32", "init": {"normal": {"std": 1e308}}}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\").init", "normal.mean and normal.std"}},
+      {"trunc_normal std that overflows, empty shard",
+       R"({"model": {"tensors": [{"name": "w", "shape": [2, 8],
+            "dtype": "bfloat16", "init": {"truncNormal": {"std": 1e308}},
+            "shard": {"split": {"dim": 0, "index": 3, "count": 4}}}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\").init", "trunc_normal.std"}},
+      {"sparse std that overflows, torch mode",
+       R"({"model": {"rng": "RNG_MODE_TORCH", "tensors": [{"name": "w",
+            "shape": [4, 8], "dtype": "float16",
+            "init": {"sparse": {"sparsity": 0.5, "std": 1e308}}}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\").init", "sparse.std"}},
+      {"portable shard of a tensor with 2^62 elements",
+       R"({"model": {"tensors": [{"name": "w", "shape": ["4611686018427387904"],
+            "dtype": "float8_e4m3fn", "init": {"normal": {}},
+            "shard": {"box": [{"offset": 0, "length": 8}]}}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\")", "RNG_MODE_PORTABLE",
+        "2^62 or more elements"}},
+      // Issue 10, item 7: the documents and the server agree.
+      {"name with a quote",
+       Model({Tensor("a\\\"b", "[1]")}),
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0]", "without spaces, quotes or backslashes"}},
+      {"model without tensors",
+       R"({"model": {"seed": "1"}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors: the model has no tensors"}},
+      // Issue 11, item 3: init steps and literal values.
+      {"values of the wrong size",
+       R"({"model": {"tensors": [{"name": "w", "shape": [2, 2],
+            "dtype": "float32", "init": {"values": {"data": "AAAAAA=="}}}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\").init", "values.data has 4 bytes",
+        "needs 16"}},
+      {"init step region out of bounds",
+       R"({"model": {"tensors": [{"name": "w", "shape": [2, 2],
+            "dtype": "float32", "initSteps": [{"init": {"zeros": {}}},
+            {"init": {"ones": {}}, "region": [{"offset": 1, "length": 2},
+                                              {"offset": 0, "length": 2}]}]}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\").init_steps[1]",
+        "region[0] is offset 1 length 2"}},
+      {"module_default as an init step",
+       R"({"model": {"tensors": [{"name": "fc.weight", "shape": [2, 2],
+            "dtype": "float32", "moduleType": "Linear",
+            "initSteps": [{"init": {"moduleDefault": {}}}]}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"fc.weight\").init_steps[0]",
+        "module_default cannot be a step"}},
+      {"init and init steps together",
+       R"({"model": {"tensors": [{"name": "w", "shape": [2], "dtype": "float32",
+            "init": {"zeros": {}}, "initSteps": [{"init": {"ones": {}}}]}]}})",
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"model.tensors[0] (\"w\")", "has both init and init_steps"}},
       {"unknown placement device",
        R"({"model": {"tensors": [{"name": "w", "shape": [1], "dtype": "float32"}],
             "initRules": [{"pattern": "*", "init": {"ones": {}}}]},
@@ -126,9 +211,9 @@ TestServer* BadInputTest::server_ = nullptr;
 TEST_P(BadInputTest, GetsItsStatusAndAllocatesNothing) {
   const Case& c = GetParam();
   v1::MaterializeRequest request;
-  ASSERT_TRUE(
-      google::protobuf::util::JsonStringToMessage(c.json, &request).ok())
-      << c.json;
+  const auto parsed =
+      google::protobuf::util::JsonStringToMessage(c.json, &request);
+  ASSERT_TRUE(parsed.ok()) << parsed.ToString() << c.json;
   auto stub = server_->Stub();
   {
     grpc::ClientContext context;
@@ -205,6 +290,26 @@ TEST(BadInputEdgeTest, ZeroSizeTensorsAreValid) {
   grpc::ClientContext context;
   v1::MaterializeResponse response;
   grpc::Status status = server.Stub()->Materialize(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.tensor_bytes(), 4u);
+}
+
+// Issue 10, item 7: a 0-d tensor's box has no ranges, so an empty shard is
+// its whole box (a rank's code that builds boxes from shapes needs no
+// special case for scalars).
+TEST(BadInputEdgeTest, ScalarTakesAnEmptyShard) {
+  TestServer server;
+  v1::MaterializeRequest request;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  R"({"model": {"tensors": [{"name": "s", "dtype": "float32",
+                       "shard": {}, "init": {"constant": {"val": 2.5}}}]}})",
+                  &request)
+                  .ok());
+  ASSERT_TRUE(request.model().tensors(0).has_shard());
+  grpc::ClientContext context;
+  v1::MaterializeResponse response;
+  grpc::Status status =
+      server.Stub()->Materialize(&context, request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.tensor_bytes(), 4u);
 }

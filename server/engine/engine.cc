@@ -147,6 +147,10 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
     plan->set_nbytes(t.nbytes);
     plan->set_arena_offset(layout.offsets[i]);
     plan->set_init(prepared.resolution.inits[i].description);
+    for (const v1::InitStepInfo& step :
+         prepared.resolution.inits[i].step_infos) {
+      *plan->add_steps() = step;
+    }
     if (t.is_shard()) {
       plan->mutable_full_shape()->Add(t.shard_full_shape.begin(),
                                       t.shard_full_shape.end());
@@ -306,8 +310,10 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   spec.label = request.label();
   spec.tensors = std::move(prepared.tensors);
   spec.init_descriptions.reserve(prepared.resolution.inits.size());
-  for (const init::ResolvedInit& resolved : prepared.resolution.inits) {
+  spec.init_steps.reserve(prepared.resolution.inits.size());
+  for (init::ResolvedInit& resolved : prepared.resolution.inits) {
     spec.init_descriptions.push_back(resolved.description);
+    spec.init_steps.push_back(std::move(resolved.step_infos));
   }
   spec.layout = std::move(prepared.layout);
   spec.seed = request.model().seed();
@@ -419,6 +425,11 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
     out->set_persistent(t.persistent);
     out->set_module_type(t.module_type);
     out->set_init(spec.init_descriptions[i]);
+    if (i < spec.init_steps.size()) {
+      for (const v1::InitStepInfo& step : spec.init_steps[i]) {
+        *out->add_steps() = step;
+      }
+    }
     if (t.tie_root >= 0) out->set_tied_to(spec.tensors[t.tie_root].name);
     if (t.is_shard()) {
       out->mutable_full_shape()->Add(t.shard_full_shape.begin(),

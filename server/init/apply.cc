@@ -117,6 +117,36 @@ void ForEachTaskInParallel(const std::vector<Task>& tasks, int threads,
   if (error) std::rethrow_exception(error);
 }
 
+// RNG_MODE_TORCH, a tensor with its own init: its steps in order, on the
+// view of each step's region, all drawing from the tensor's one generator
+// (seeded with DeriveSeed(seed, name)); sparse's row permutations come from
+// a second generator, seeded the same, that the steps share too.
+void FillSteps(const spec::TensorDesc& desc,
+               const std::vector<ResolvedStep>& steps, uint64_t seed,
+               at::Tensor& view) {
+  if (desc.numel == 0) return;
+  bool random = false;
+  bool sparse = false;
+  for (const ResolvedStep& step : steps) {
+    random = random || IsRandom(*step.scheme);
+    sparse = sparse || step.scheme->has_sparse();
+  }
+  std::optional<at::Generator> generator;
+  std::optional<at::Generator> permutations;
+  const uint64_t derived = DeriveSeed(seed, desc.name);
+  if (random) generator = MakeGenerator(view.device(), derived);
+  if (sparse) permutations = MakeGenerator(at::Device(at::kCPU), derived);
+  for (const ResolvedStep& step : steps) {
+    at::Tensor target = view;
+    if (step.region.has_value()) {
+      for (size_t d = 0; d < step.region->offset.size(); ++d) {
+        target = target.narrow(static_cast<int64_t>(d), step.region->offset[d],
+                               step.region->length[d]);
+      }
+    }
+    Fill(target, *step.scheme, generator, permutations);
+  }
+}
 
 // RNG_MODE_PORTABLE: one task per tensor (a module default is its tensor's
 // slot of the plan), run one at a time, each kernel using every thread.
@@ -145,8 +175,15 @@ absl::Status ApplyPortable(const std::vector<spec::TensorDesc>& tensors,
         }
         TORCH_CHECK(slot != nullptr, "module plan lacks tensor ", desc.name);
       }
-      const v1::InitScheme& scheme = slot != nullptr ? slot->op : inits[i].scheme;
-      FillPortableTensor(views[i], desc, scheme, seed, threads);
+      if (slot != nullptr) {
+        FillPortableStep(views[i], desc, slot->op, std::nullopt, 0, seed,
+                         threads);
+      }
+      const std::vector<ResolvedStep>& steps = inits[i].steps;
+      for (size_t k = 0; slot == nullptr && k < steps.size(); ++k) {
+        FillPortableStep(views[i], desc, *steps[k].scheme, steps[k].region,
+                         static_cast<uint32_t>(k), seed, threads);
+      }
       // Embedding: the padding row is zero (if this box holds it).
       if (module != nullptr && module->padding_idx.has_value() &&
           slot->local_name == "weight") {
@@ -205,20 +242,8 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
                    MakeGenerator(device, DeriveSeed(seed, task.module->name)));
         return;
       }
-      const spec::TensorDesc& desc = tensors[task.tensor];
-      const v1::InitScheme& scheme = inits[task.tensor].scheme;
-      at::Tensor& view = views[task.tensor];
-      if (desc.numel == 0) return;
-      std::optional<at::Generator> generator;
-      std::optional<at::Generator> permutations;
-      if (IsRandom(scheme)) {
-        const uint64_t derived = DeriveSeed(seed, desc.name);
-        generator = MakeGenerator(view.device(), derived);
-        if (scheme.has_sparse()) {
-          permutations = MakeGenerator(at::Device(at::kCPU), derived);
-        }
-      }
-      Fill(view, scheme, generator, permutations);
+      FillSteps(tensors[task.tensor], inits[task.tensor].steps, seed,
+                views[task.tensor]);
     });
   });
   if (status.ok() && stopped.load()) {

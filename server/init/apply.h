@@ -5,14 +5,17 @@
 //
 // RNG_MODE_PORTABLE (the default) fills each tensor's stored box with the
 // counter-based generator of server/init/portable: values depend only on
-// (seed, name, index in the full tensor); tensors run one after another,
-// each split across every thread. The rest of this comment is torch mode.
+// (seed, name, init step, index in the step's region); tensors run one
+// after another, each split across every thread. The rest of this comment is
+// torch mode.
 //
 //   RETURN_IF_ERROR(ApplyInits(tensors, resolution.inits, seed, rng, *arena));
 //
 // Random schemes in RNG_MODE_TORCH use one generator per tensor, seeded
 // with DeriveSeed(seed, name), on the arena's device, so values equal
-// Python's `torch.nn.init.<scheme>_(t, ..., generator=g)` bit for bit.
+// Python's `torch.nn.init.<scheme>_(t, ..., generator=g)` bit for bit; a
+// tensor's init steps run in order on that generator, each on the view
+// t[region] (docs/init.md, "Init steps").
 // module_default tensors use one generator per module, seeded with
 // DeriveSeed(seed, module name), drawn in reset_parameters() order. Tied
 // tensors are skipped (their root is written). Tasks (a tensor, or a

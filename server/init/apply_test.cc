@@ -1,16 +1,19 @@
 #include "server/init/apply.h"
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 
 #include <cmath>
 
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "google/protobuf/text_format.h"
 #include "server/init/init_math.h"
 #include "server/init/seed.h"
+#include "server/init/shard.h"
 #include "server/memory/arena_views.h"
 #include "server/spec/layout.h"
 #include "server/spec/validate.h"
@@ -34,6 +37,7 @@ class Materialized {
       model.set_rng(v1::RNG_MODE_TORCH);
     }
     tensors_ = spec::ValidateTensors(model).value();
+    EXPECT_OK(ApplyShards(model, model.rng(), tensors_));
     Resolution resolution = ResolveInits(model, tensors_).value();
     spec::Layout layout = spec::ComputeLayout(tensors_).value();
     memory::Reservation r =
@@ -492,6 +496,176 @@ TEST(ApplyInitsCancelTest, CancelledBeforeTheFirstTaskIsCancelled) {
   EXPECT_TRUE(ApplyInits(tensors, resolution.inits, 1, v1::RNG_MODE_TORCH,
                          *arena, [] { return false; })
                   .ok());
+}
+
+}  // namespace
+}  // namespace materializer::init
+
+namespace materializer::init {
+namespace {
+
+at::Generator TorchGenerator(uint64_t seed, const char* name) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>();
+  g.set_current_seed(DeriveSeed(seed, name));
+  return g;
+}
+
+bool SameBits(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         at::equal(a.contiguous().view(at::kByte),
+                   b.contiguous().view(at::kByte));
+}
+
+// Torch mode: the steps run in order on the tensor's one generator, each
+// on the view t[region], as the same calls in Python do (docs/init.md,
+// "Init steps"): an embedding drawn then its padding row zeroed, a
+// uniform over columns, kaiming over a block of rows (fans from the
+// block), values over a corner.
+TEST(ApplyStepsTest, TorchModeRunsTheCallsOnRegionViewsInOrder) {
+  const float corner[] = {1.5f, -2.0f, 0.25f, 8.0f, -0.0f, 3.0f};
+  std::string data;
+  for (float v : corner) {
+    data.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  Materialized m(
+      absl::StrReplaceAll(R"pb(
+                            seed: 41
+                            tensors {
+                              name: "emb.weight"
+                              shape: [ 10, 8 ]
+                              dtype: "float32"
+                              init_steps { init { normal { std: 0.02 } } }
+                              init_steps {
+                                init { zeros {} }
+                                region { offset: 3 length: 1 }
+                                region { offset: 0 length: 8 }
+                              }
+                              init_steps {
+                                init { uniform { a: -1 b: 1 } }
+                                region { offset: 0 length: 10 }
+                                region { offset: 2 length: 3 }
+                              }
+                              init_steps {
+                                init { kaiming_uniform { a: 2.23606797749979 } }
+                                region { offset: 5 length: 5 }
+                                region { offset: 0 length: 8 }
+                              }
+                              init_steps {
+                                init { values { data: "CORNER" } }
+                                region { offset: 0 length: 2 }
+                                region { offset: 0 length: 3 }
+                              }
+                            }
+                          )pb",
+                          {{"CORNER", absl::CEscape(data)}}));
+  ASSERT_OK(m.status());
+  at::Generator g = TorchGenerator(41, "emb.weight");
+  at::Tensor want = at::empty({10, 8}, at::kFloat);
+  want.normal_(0, 0.02, g);
+  want.narrow(0, 3, 1).zero_();
+  want.narrow(1, 2, 3).uniform_(-1, 1, g);
+  at::Tensor rows = want.narrow(0, 5, 5);
+  // kaiming_uniform_(t[5:10], a=sqrt(5)): fan_in 8 (the block's columns).
+  const double gain = CalculateGain("leaky_relu", 2.23606797749979).value();
+  const double bound = std::sqrt(3.0) * gain / std::sqrt(8.0);
+  rows.uniform_(-bound, bound, g);
+  want.narrow(0, 0, 2).narrow(1, 0, 3).copy_(
+      at::from_blob(const_cast<float*>(corner), {2, 3}, at::kFloat));
+  EXPECT_TRUE(SameBits(m.Get("emb.weight"), want));
+  // Row 3 is zero where no later step wrote.
+  EXPECT_EQ(m.Get("emb.weight")[3].narrow(0, 5, 3).abs().sum().item<float>(),
+            0.0f);
+}
+
+// One step without a region is the plain init, byte for byte, in both
+// modes (backward compatible).
+TEST(ApplyStepsTest, OneStepWithoutARegionIsThePlainInit) {
+  for (const char* rng : {"RNG_MODE_TORCH", "RNG_MODE_PORTABLE"}) {
+    for (const char* scheme :
+         {"trunc_normal { std: 0.5 }", "kaiming_normal { mode: \"fan_out\" }",
+          "arange { start: 3 }"}) {
+      const std::string tensor = R"pb(name: "w"
+                                      shape: [ 10, 8 ]
+                                      dtype: "bfloat16")pb";
+      Materialized plain(absl::StrCat("seed: 3 rng: ", rng, " tensors { ",
+                                      tensor, " init { ", scheme, " } }"));
+      Materialized step(absl::StrCat("seed: 3 rng: ", rng, " tensors { ",
+                                     tensor, " init_steps { init { ", scheme,
+                                     " } } }"));
+      ASSERT_OK(plain.status());
+      ASSERT_OK(step.status());
+      EXPECT_TRUE(SameBits(plain.Get("w"), step.Get("w"))) << rng << scheme;
+    }
+  }
+}
+
+// Portable mode: step k draws from stream k, over its region as a tensor
+// of its own; step 0 is the plain init. Shards (rows, columns, blocks) hold
+// exactly their slice of the full tensor after every step.
+TEST(ApplyStepsTest, PortableStepsGiveEveryShardItsSlice) {
+  const char* steps = R"pb(
+    init_steps { init { normal { std: 0.5 } } }
+    init_steps {
+      init { uniform { a: 2 b: 3 } }
+      region { offset: 1 length: 4 }
+      region { offset: 3 length: 9 }
+    }
+    init_steps {
+      init { arange { start: 100 } }
+      region { offset: 4 length: 3 }
+      region { offset: 0 length: 13 }
+    }
+    init_steps {
+      init { xavier_normal {} }
+      region { offset: 0 length: 7 }
+      region { offset: 10 length: 3 }
+    }
+    init_steps {
+      init { zeros {} }
+      region { offset: 2 length: 1 }
+      region { offset: 0 length: 13 }
+    })pb";
+  auto tensor = [&](const std::string& name, const std::string& extra) {
+    return absl::StrCat("tensors { name: \"", name,
+                        "\" shape: [ 7, 13 ] dtype: \"bfloat16\" ", extra,
+                        " }");
+  };
+  Materialized full(
+      absl::StrCat("rng: RNG_MODE_PORTABLE seed: 5 ", tensor("w", steps)));
+  Materialized plain(absl::StrCat("rng: RNG_MODE_PORTABLE seed: 5 ",
+                                  tensor("w", "init { normal { std: 0.5 } }")));
+  ASSERT_OK(full.status());
+  ASSERT_OK(plain.status());
+  const at::Tensor whole = full.Get("w");
+  // Step 0 is the plain init where no later step wrote (row 0, columns
+  // 0..9), and only there.
+  EXPECT_TRUE(
+      SameBits(whole[0].narrow(0, 0, 10), plain.Get("w")[0].narrow(0, 0, 10)));
+  EXPECT_FALSE(SameBits(whole[1], plain.Get("w")[1]));
+  // Step 2 (arange over rows 4..6) counts within its region: 100 + i.
+  EXPECT_EQ(whole[4][0].item<float>(), 100);
+  EXPECT_EQ(whole[6][9].item<float>(), 100 + 2 * 13 + 9);
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>
+      boxes = {{{0, 0}, {4, 13}}, {{4, 0}, {3, 13}}, {{0, 0}, {7, 5}},
+               {{0, 5}, {7, 8}},  {{2, 4}, {3, 6}},  {{6, 12}, {1, 1}},
+               {{3, 0}, {0, 13}}};
+  for (const auto& [offset, length] : boxes) {
+    std::string box;
+    for (size_t d = 0; d < 2; ++d) {
+      absl::StrAppend(&box, " box { offset: ", offset[d],
+                      " length: ", length[d], " }");
+    }
+    Materialized shard(
+        absl::StrCat("rng: RNG_MODE_PORTABLE seed: 5 ",
+                     tensor("w", absl::StrCat(steps, " shard {", box, " }"))));
+    ASSERT_OK(shard.status());
+    at::Tensor want = whole;
+    for (int64_t d = 0; d < 2; ++d) {
+      want = want.narrow(d, offset[d], length[d]);
+    }
+    EXPECT_TRUE(SameBits(shard.Get("w"), want.contiguous()))
+        << absl::StrJoin(offset, ",") << " " << absl::StrJoin(length, ",");
+  }
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <ATen/ops/diag.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/eye.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/linalg_qr.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/randperm.h>
@@ -122,25 +124,107 @@ void Sparse(at::Tensor& t, const SparseParams& p, const at::Generator& g,
   t.masked_fill_(mask.to(t.device()), 0);
 }
 
+// Elements per piece of element-wise work done in scratch memory.
+constexpr int64_t kChunk = 1 << 16;
+
+// arange's value of linear indices `index` (an int64 tensor):
+// index * step + start in float64, or in int64 for integer dtypes, as
+// (torch.arange(n, dtype=...) * step + start) computes them.
+at::Tensor ArangeValues(const at::Tensor& index, const ArangeParams& p,
+                        bool floating) {
+  if (floating) {
+    return index.to(at::kDouble).mul(Num(p.step)).add(Num(p.start));
+  }
+  return index.mul(Num(static_cast<int64_t>(p.step)))
+      .add(Num(static_cast<int64_t>(p.start)));
+}
+
 // (torch.arange(n, dtype=torch.float64) * step + start).to(dtype), or in
 // int64 for integer dtypes; computed on the CPU. Element-wise, so it runs in
-// cache-sized chunks with the same values.
+// cache-sized chunks with the same values. `t` contiguous.
 void Arange(at::Tensor& t, const ArangeParams& p) {
-  constexpr int64_t kChunk = 1 << 16;
   const int64_t n = t.numel();
   const bool floating = at::isFloatingType(t.scalar_type());
-  const at::TensorOptions options =
-      at::TensorOptions().dtype(floating ? at::kDouble : at::kLong);
-  const at::Tensor step =
-      floating ? Num(p.step) : Num(static_cast<int64_t>(p.step));
-  const at::Tensor start =
-      floating ? Num(p.start) : Num(static_cast<int64_t>(p.start));
   at::Tensor flat = t.view({n});
   for (int64_t begin = 0; begin < n; begin += kChunk) {
     const int64_t end = std::min(n, begin + kChunk);
     flat.narrow(0, begin, end - begin)
-        .copy_(at::arange(begin, end, options).mul(step).add(start));
+        .copy_(ArangeValues(
+            at::arange(begin, end, at::TensorOptions().dtype(at::kLong)), p,
+            floating));
   }
+}
+
+// arange over a box: `dst` holds the elements whose index in the whole is
+// base + sum_d (origin[d] + i_d) * strides[d]. Works in pieces of at most
+// kChunk elements (splitting dimension 0, or taking one index of it and
+// recursing when a single slice is larger).
+void ArangeBox(at::Tensor dst, const ArangeParams& p, int64_t base,
+               std::vector<int64_t> origin, std::vector<int64_t> strides) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const bool floating = at::isFloatingType(dst.scalar_type());
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong);
+  if (dst.dim() == 0) {
+    dst.copy_(ArangeValues(at::full({}, base, longs), p, floating));
+    return;
+  }
+  const int64_t rows = dst.size(0);
+  const int64_t inner = n / rows;
+  if (inner > kChunk || (dst.dim() == 1 && n > kChunk)) {
+    if (dst.dim() == 1) {
+      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+        const int64_t k = std::min(kChunk, rows - r0);
+        ArangeBox(dst.narrow(0, r0, k), p, base, {origin[0] + r0}, strides);
+      }
+      return;
+    }
+    const std::vector<int64_t> inner_origin(origin.begin() + 1, origin.end());
+    const std::vector<int64_t> inner_strides(strides.begin() + 1,
+                                             strides.end());
+    for (int64_t r = 0; r < rows; ++r) {
+      ArangeBox(dst.select(0, r), p, base + (origin[0] + r) * strides[0],
+                inner_origin, inner_strides);
+    }
+    return;
+  }
+  const int64_t per_piece = std::max<int64_t>(1, kChunk / inner);
+  for (int64_t r0 = 0; r0 < rows; r0 += per_piece) {
+    const int64_t k = std::min(per_piece, rows - r0);
+    at::Tensor piece = dst.narrow(0, r0, k);
+    at::Tensor index = at::full(piece.sizes(), base, longs);
+    for (int64_t d = 0; d < piece.dim(); ++d) {
+      std::vector<int64_t> along(piece.dim(), 1);
+      along[d] = piece.size(d);
+      const int64_t first = origin[d] + (d == 0 ? r0 : 0);
+      index.add_(at::arange(first, first + piece.size(d), longs)
+                     .mul(Num(strides[d]))
+                     .view(along));
+    }
+    piece.copy_(ArangeValues(index, p, floating));
+  }
+}
+
+// Strides of a contiguous tensor of `shape` (torch's: sizes of 0 count as
+// 1).
+std::vector<int64_t> ContiguousStrides(at::IntArrayRef shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
+    strides[d] = strides[d + 1] * std::max<int64_t>(shape[d + 1], 1);
+  }
+  return strides;
+}
+
+// The bytes of a values scheme as a CPU tensor of `shape` and `type`
+// (borrowed: the scheme must outlive it).
+at::Tensor ValuesTensor(const v1::Values& values, at::IntArrayRef shape,
+                        at::ScalarType type) {
+  TORCH_CHECK(static_cast<int64_t>(values.data().size()) ==
+                  c10::multiply_integers(shape) *
+                      static_cast<int64_t>(at::elementSize(type)),
+              "values of ", values.data().size(), " bytes for shape ", shape);
+  return at::from_blob(const_cast<char*>(values.data().data()), shape,
+                       at::TensorOptions().dtype(type));
 }
 
 // 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)),
@@ -251,7 +335,16 @@ void FillNative(at::Tensor& t, const v1::InitScheme& scheme,
       if (!t.device().is_cpu()) t.zero_();
       return;
     case v1::InitScheme::kArange:
-      Arange(t, GetParams(scheme.arange()));
+      if (t.is_contiguous()) {
+        Arange(t, GetParams(scheme.arange()));
+      } else {  // an init step's region: t[region].copy_(arange(...))
+        ArangeBox(t, GetParams(scheme.arange()), 0,
+                  std::vector<int64_t>(t.dim(), 0),
+                  ContiguousStrides(t.sizes()));
+      }
+      return;
+    case v1::InitScheme::kValues:
+      t.copy_(ValuesTensor(scheme.values(), t.sizes(), t.scalar_type()));
       return;
     case v1::InitScheme::kRopeInvFreq:
       t.copy_(RopeInvFreq(GetParams(scheme.rope_inv_freq(), t.numel())));
@@ -266,8 +359,9 @@ void FillNative(at::Tensor& t, const v1::InitScheme& scheme,
 
 // Whether `scheme` on dtype `type` is computed in float32 and rounded.
 bool ViaFloat32(const v1::InitScheme& scheme, at::ScalarType type) {
-  if (scheme.has_arange() || scheme.has_rope_inv_freq() || scheme.has_empty()) {
-    return false;  // they cast on their own
+  if (scheme.has_arange() || scheme.has_rope_inv_freq() || scheme.has_empty() ||
+      scheme.has_values()) {
+    return false;  // they cast on their own, or copy bytes
   }
   if (IsFloat8(type)) return true;
   // LAPACK's geqrf has no float16 / bfloat16 kernel.
@@ -298,6 +392,68 @@ void Fill(at::Tensor& t, const v1::InitScheme& scheme,
     return;
   }
   FillNative(t, scheme, generator, permutations);
+}
+
+void FillBox(at::Tensor& dst, const v1::InitScheme& scheme,
+             const std::vector<int64_t>& shape, const portable::Box& box) {
+  if (dst.numel() == 0) return;
+  switch (scheme.scheme_case()) {
+    case v1::InitScheme::kValues: {
+      at::Tensor part = ValuesTensor(scheme.values(), shape, dst.scalar_type());
+      for (size_t d = 0; d < shape.size(); ++d) {
+        part =
+            part.narrow(static_cast<int64_t>(d), box.offset[d], box.length[d]);
+      }
+      dst.copy_(part);
+      return;
+    }
+    case v1::InitScheme::kArange:
+      ArangeBox(dst, GetParams(scheme.arange()), 0, box.offset,
+                ContiguousStrides(shape));
+      return;
+    case v1::InitScheme::kRopeInvFreq:
+      dst.copy_(RopeInvFreq(GetParams(scheme.rope_inv_freq(), shape[0]))
+                    .narrow(0, box.offset[0], box.length[0]));
+      return;
+    case v1::InitScheme::kEye:
+    case v1::InitScheme::kDirac: {
+      // Zeros with ones where the whole has them, written in float32 (no
+      // float8 kernels) and copied: 0 and 1 are exact in every dtype.
+      at::Tensor part = at::zeros(dst.sizes(), dst.options().dtype(at::kFloat));
+      if (scheme.has_eye()) {
+        // (box.offset[0] + i, box.offset[1] + j) with both equal:
+        // j = i + (offset[0] - offset[1]), a diagonal of the box.
+        part.diagonal(box.offset[0] - box.offset[1]).fill_(1);
+      } else {
+        // torch.nn.init.dirac_'s ones, those inside the box.
+        const int64_t groups = GetGroups(scheme.dirac());
+        const int64_t out_per_group = shape[0] / groups;
+        const int64_t min_dim = std::min(out_per_group, shape[1]);
+        for (int64_t g = 0; g < groups; ++g) {
+          for (int64_t d = 0; d < min_dim; ++d) {
+            std::vector<int64_t> at = {g * out_per_group + d, d};
+            for (size_t k = 2; k < shape.size(); ++k) {
+              at.push_back(shape[k] / 2);
+            }
+            bool inside = true;
+            at::Tensor element = part;
+            for (size_t k = 0; k < at.size() && inside; ++k) {
+              const int64_t i = at[k] - box.offset[k];
+              inside = i >= 0 && i < box.length[k];
+              if (inside) element = element.select(0, i);
+            }
+            if (inside) element.fill_(1);
+          }
+        }
+      }
+      dst.copy_(part);
+      return;
+    }
+    default:
+      // zeros, ones, constant, empty: the same value everywhere.
+      Fill(dst, scheme, std::nullopt);
+      return;
+  }
 }
 
 void FillModule(const ModulePlan& plan, std::vector<at::Tensor>& views,

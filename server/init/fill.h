@@ -24,6 +24,7 @@
 
 #include "materializer/v1/materializer.pb.h"
 #include "server/init/module_plan.h"
+#include "server/init/portable/box.h"
 #include "server/init/schemes.h"
 
 namespace materializer::init {
@@ -32,17 +33,30 @@ namespace materializer::init {
 // generator of that device) seeded like Python's Generator.manual_seed.
 at::Generator MakeGenerator(const at::Device& device, uint64_t seed);
 
-// Fills `t` (contiguous) in place with `scheme`. Random schemes draw from
-// `generator`, which must be on t's device; sparse draws its row
-// permutations from the CPU generator `permutations`. Zero-element tensors
-// are left alone (no draws). Where torch has no kernel for the dtype the
-// values are computed in a wider dtype and rounded once: float8 through
-// float32 for every scheme, orthogonal through float32 for float16 and
-// bfloat16, arange through float64 (int64 for integer dtypes), RoPE
+// Fills `t` in place with `scheme`, as the torch.nn.init call on `t` would:
+// `t` may be a view (an init step's region, `t[region]` in Python), and
+// random schemes draw exactly as the call on that view draws. Random
+// schemes draw from `generator`, which must be on t's device; sparse draws
+// its row permutations from the CPU generator `permutations`. values copy
+// their bytes. Zero-element tensors are left alone (no draws). Where torch has
+// no kernel for the dtype the values are computed in a wider dtype and rounded
+// once: float8 through float32 for every scheme, orthogonal through float32 for
+// float16 and bfloat16, arange through float64 (int64 for integer dtypes), RoPE
 // through float32.
 void Fill(at::Tensor& t, const v1::InitScheme& scheme,
           const std::optional<at::Generator>& generator,
           const std::optional<at::Generator>& permutations = std::nullopt);
+
+// Fills `dst`, the part `box` of a tensor of shape `shape` (dst's sizes
+// are box.length), with what `scheme` gives those elements of the whole:
+// the portable fill of a shard's part of a tensor or init-step region.
+// For the schemes that draw nothing (zeros, ones, constant, empty, eye,
+// dirac, arange, rope_inv_freq, values); the values equal the same slice
+// of Fill on the whole, without computing the whole (rope_inv_freq, whose
+// float32 kernels may round differently at different positions, is
+// computed for the whole 1-D tensor, at most kMaxRopeFrequencies).
+void FillBox(at::Tensor& dst, const v1::InitScheme& scheme,
+             const std::vector<int64_t>& shape, const portable::Box& box);
 
 // Runs a module_default plan: every slot in order, drawing from
 // `generator` (seeded from the module's name). Written slots fill

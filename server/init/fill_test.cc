@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "server/init/init_math.h"
 #include "tests/testing/status_matchers.h"
@@ -284,6 +286,117 @@ TEST(FillTest, EmbeddingPaddingRowIsZeroed) {
   at::Tensor want = at::empty({5, 3}, at::kHalf).normal_(0, 1, g);
   want[2].fill_(0);
   EXPECT_TRUE(SameBits(views[0], want));
+}
+
+}  // namespace
+}  // namespace materializer::init
+
+namespace materializer::init {
+namespace {
+
+// The part `box` of `full`.
+at::Tensor Slice(at::Tensor full, const portable::Box& box) {
+  for (size_t d = 0; d < box.offset.size(); ++d) {
+    full = full.narrow(static_cast<int64_t>(d), box.offset[d], box.length[d]);
+  }
+  return full;
+}
+
+std::string ValuesText(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  std::string bytes(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  std::string text = "values { data: \"";
+  for (unsigned char b : bytes) {
+    absl::StrAppend(&text, "\\", absl::Dec(b >> 6), absl::Dec((b >> 3) & 7),
+                    absl::Dec(b & 7));
+  }
+  return text + "\" }";
+}
+
+// FillBox gives each part of a tensor exactly the same slice of Fill on
+// the whole (the portable fill of a shard of a computed buffer or a
+// values step), for boxes of every kind: inner, at the edges, empty-free
+// single rows and columns, and the whole.
+TEST(FillBoxTest, EveryPartIsTheSliceOfTheWhole) {
+  struct Shape {
+    std::vector<int64_t> shape;
+    std::vector<portable::Box> boxes;
+  };
+  const Shape two_d{{9, 70000},
+                    {{{0, 0}, {9, 70000}},
+                     {{2, 5}, {3, 7}},
+                     {{4, 0}, {1, 70000}},
+                     {{0, 69990}, {9, 10}},
+                     {{6, 3}, {3, 2}}}};
+  const Shape three_d{
+      {6, 4, 5},
+      {{{0, 0, 0}, {6, 4, 5}}, {{1, 1, 2}, {4, 2, 3}}, {{3, 0, 0}, {2, 4, 5}}}};
+  const Shape one_d{{64}, {{{0}, {64}}, {{5}, {20}}, {{63}, {1}}}};
+  struct Scheme {
+    std::string text;
+    const Shape* shape;
+    std::vector<at::ScalarType> types;
+  };
+  const std::vector<Scheme> schemes = {
+      {"eye {}", &two_d, {at::kFloat, at::kFloat8_e4m3fn, at::kBool, at::kInt}},
+      {"dirac { groups: 2 }",
+       &three_d,
+       {at::kFloat, at::kBFloat16, at::kFloat8_e5m2, at::kLong}},
+      {"arange { start: -3 step: 0.25 }",
+       &two_d,
+       {at::kFloat, at::kDouble, at::kHalf, at::kFloat8_e4m3fn}},
+      {"arange { start: 7 step: -3 }", &three_d, {at::kLong, at::kInt}},
+      {"rope_inv_freq { scaling { type: \"yarn\" factor: 4 "
+       "original_max_position_embeddings: 64 } }",
+       &one_d,
+       {at::kFloat, at::kBFloat16, at::kDouble}},
+      {"constant { val: 1.5 }", &three_d, {at::kFloat, at::kFloat8_e4m3fn}},
+  };
+  for (const Scheme& scheme : schemes) {
+    for (at::ScalarType type : scheme.types) {
+      const at::TensorOptions options = at::TensorOptions().dtype(type);
+      at::Tensor whole = at::empty(scheme.shape->shape, options);
+      Fill(whole, Parse(scheme.text), std::nullopt);
+      for (const portable::Box& box : scheme.shape->boxes) {
+        at::Tensor part = at::empty(box.length, options);
+        FillBox(part, Parse(scheme.text), scheme.shape->shape, box);
+        EXPECT_TRUE(SameBits(part, Slice(whole, box).contiguous()))
+            << scheme.text << " " << type << " box at "
+            << absl::StrJoin(box.offset, ",");
+      }
+    }
+  }
+  // values: the part of the bytes the box covers.
+  at::Tensor source = at::randn({7, 5}).to(at::kBFloat16);
+  const portable::Box box{{2, 1}, {4, 3}};
+  at::Tensor part =
+      at::empty(box.length, at::TensorOptions().dtype(at::kBFloat16));
+  FillBox(part, Parse(ValuesText(source)), {7, 5}, box);
+  EXPECT_TRUE(SameBits(part, Slice(source, box).contiguous()));
+}
+
+// In torch mode a step fills the view t[region] as Python's call on that
+// view does: arange and values copy the region's values in, whatever the
+// view's strides.
+TEST(FillTest, RegionViewsTakeArangeAndValuesInPlace) {
+  at::Tensor t = at::zeros({5, 6}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor region = t.narrow(0, 1, 3).narrow(1, 2, 2);  // not contiguous
+  Fill(region, Parse("arange { start: 10 step: 2 }"), std::nullopt);
+  // t[1:4, 2:4].copy_((torch.arange(6, dtype=float64) * 2 + 10).reshape(3, 2))
+  at::Tensor want = at::zeros({5, 6}, at::TensorOptions().dtype(at::kDouble));
+  want.narrow(0, 1, 3).narrow(1, 2, 2).copy_(
+      at::arange(6, at::TensorOptions().dtype(at::kDouble))
+          .mul(2)
+          .add(10)
+          .reshape({3, 2}));
+  EXPECT_TRUE(SameBits(t, want));
+
+  at::Tensor ints = at::zeros({4, 4}, at::TensorOptions().dtype(at::kInt));
+  at::Tensor column = ints.narrow(1, 3, 1);
+  at::Tensor values = at::tensor({7, -8, 9, 1 << 30}, at::kInt).reshape({4, 1});
+  Fill(column, Parse(ValuesText(values)), std::nullopt);
+  EXPECT_TRUE(at::equal(ints.narrow(1, 3, 1), values));
+  EXPECT_EQ(ints.narrow(1, 0, 3).abs().sum().item<int64_t>(), 0);
 }
 
 }  // namespace

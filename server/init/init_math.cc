@@ -1,6 +1,7 @@
 #include "server/init/init_math.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -41,9 +42,21 @@ absl::StatusOr<Fans> FanInAndFanOut(absl::Span<const int64_t> shape) {
         "fan in and fan out need a tensor with at least 2 dimensions; it has ",
         shape.size()));
   }
+  // For a tensor with elements these products are at most its element
+  // count; a zero-size shape's can overflow, and saturate (nothing reads
+  // fans of a tensor without elements).
+  auto times = [](int64_t a, int64_t b) {
+    int64_t product = 0;
+    return __builtin_mul_overflow(a, b, &product)
+               ? std::numeric_limits<int64_t>::max()
+               : product;
+  };
   int64_t receptive_field = 1;
-  for (size_t d = 2; d < shape.size(); ++d) receptive_field *= shape[d];
-  return Fans{shape[1] * receptive_field, shape[0] * receptive_field};
+  for (size_t d = 2; d < shape.size(); ++d) {
+    receptive_field = times(receptive_field, shape[d]);
+  }
+  return Fans{times(shape[1], receptive_field),
+              times(shape[0], receptive_field)};
 }
 
 std::string KnownNonlinearities() {
@@ -122,8 +135,11 @@ absl::StatusOr<FanMode> ParseFanMode(absl::string_view mode) {
 }
 
 double XavierStd(const Fans& fans, double gain) {
-  return gain *
-         std::sqrt(2.0 / static_cast<double>(fans.fan_in + fans.fan_out));
+  // Python adds the fans as integers, then converts (rounding to nearest);
+  // the sum of two int64 fans fits uint64.
+  const uint64_t sum =
+      static_cast<uint64_t>(fans.fan_in) + static_cast<uint64_t>(fans.fan_out);
+  return gain * std::sqrt(2.0 / static_cast<double>(sum));
 }
 
 double KaimingStd(int64_t fan, double gain) {

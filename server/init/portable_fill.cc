@@ -1,24 +1,21 @@
 #include "server/init/portable_fill.h"
 
+#include <ATen/ops/empty.h>
 #include <dlfcn.h>
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
-#include <ATen/ops/empty.h>
-
 #include "absl/strings/str_cat.h"
 #include "server/init/fill.h"
-#include "server/init/init_math.h"
 #include "server/init/portable/portable.h"
 #include "server/init/portable/portable_cuda.h"
+#include "server/init/portable_request.h"
 #include "server/init/schemes.h"
 
 namespace materializer::init {
 namespace {
-
-using portable::Distribution;
 
 [[noreturn]] void Fail(const absl::Status& status) {
   throw std::runtime_error(std::string(status.message()));
@@ -28,73 +25,6 @@ template <typename T>
 T OrFail(absl::StatusOr<T> value) {
   if (!value.ok()) Fail(value.status());
   return *std::move(value);
-}
-
-// The distribution a random scheme draws from, with its parameters computed
-// as torch.nn.init computes them (from the full shape).
-Distribution DistributionOf(const v1::InitScheme& scheme,
-                            const std::vector<int64_t>& full_shape) {
-  switch (scheme.scheme_case()) {
-    case v1::InitScheme::kUniform: {
-      const UniformParams p = GetParams(scheme.uniform());
-      return Distribution::Uniform(p.a, p.b);
-    }
-    case v1::InitScheme::kNormal: {
-      const NormalParams p = GetParams(scheme.normal());
-      return Distribution::Normal(p.mean, p.std);
-    }
-    case v1::InitScheme::kTruncNormal: {
-      const v1::TruncNormal& t = scheme.trunc_normal();
-      return Distribution::TruncNormal(t.has_mean() ? t.mean() : 0.0,
-                                       t.has_std() ? t.std() : 1.0,
-                                       t.has_a() ? t.a() : -2.0,
-                                       t.has_b() ? t.b() : 2.0);
-    }
-    case v1::InitScheme::kXavierUniform:
-    case v1::InitScheme::kXavierNormal: {
-      const bool uniform = scheme.has_xavier_uniform();
-      const v1::Gain& gain_spec = uniform ? scheme.xavier_uniform().gain()
-                                          : scheme.xavier_normal().gain();
-      const double gain = OrFail(ResolveGain(gain_spec, "gain"));
-      const double std = XavierStd(OrFail(FanInAndFanOut(full_shape)), gain);
-      if (!uniform) return Distribution::Normal(0.0, std);
-      const double bound = UniformBoundForStd(std);
-      return Distribution::Uniform(-bound, bound);
-    }
-    case v1::InitScheme::kKaimingUniform:
-    case v1::InitScheme::kKaimingNormal: {
-      const bool uniform = scheme.has_kaiming_uniform();
-      const double a = uniform ? (scheme.kaiming_uniform().has_a()
-                                      ? scheme.kaiming_uniform().a()
-                                      : 0.0)
-                               : (scheme.kaiming_normal().has_a()
-                                      ? scheme.kaiming_normal().a()
-                                      : 0.0);
-      const std::string& mode_text = uniform ? scheme.kaiming_uniform().mode()
-                                             : scheme.kaiming_normal().mode();
-      std::string nonlinearity = uniform
-                                     ? scheme.kaiming_uniform().nonlinearity()
-                                     : scheme.kaiming_normal().nonlinearity();
-      if (nonlinearity.empty()) nonlinearity = "leaky_relu";
-      const Fans fans = OrFail(FanInAndFanOut(full_shape));
-      const FanMode mode = OrFail(ParseFanMode(mode_text));
-      const double gain = OrFail(CalculateGain(nonlinearity, a));
-      const double std = KaimingStd(
-          mode == FanMode::kFanIn ? fans.fan_in : fans.fan_out, gain);
-      if (!uniform) return Distribution::Normal(0.0, std);
-      const double bound = UniformBoundForStd(std);
-      return Distribution::Uniform(-bound, bound);
-    }
-    default:
-      break;
-  }
-  Fail(absl::InternalError(
-      absl::StrCat(DescribeScheme(scheme), " is not a portable random scheme")));
-}
-
-bool NeedsFullTensor(const v1::InitScheme& scheme) {
-  return scheme.has_eye() || scheme.has_dirac() || scheme.has_arange() ||
-         scheme.has_rope_inv_freq();
 }
 
 // Waits for work queued on CUDA's legacy default stream.
@@ -118,44 +48,59 @@ void SynchronizeCuda() {
 
 }  // namespace
 
-void FillPortableTensor(at::Tensor& view, const spec::TensorDesc& desc,
-                        const v1::InitScheme& scheme, uint64_t seed,
-                        int threads) {
-  if (desc.numel == 0) return;
+void FillPortableStep(at::Tensor& view, const spec::TensorDesc& desc,
+                      const v1::InitScheme& scheme,
+                      const std::optional<portable::Box>& region, uint32_t step,
+                      uint64_t seed, int threads) {
+  const portable::Box full = portable::FullBox(desc.full_shape());
+  const portable::Box& filled = region.has_value() ? *region : full;
+  const portable::Box stored =
+      desc.is_shard() ? portable::Box{desc.shard_offset, desc.shape} : full;
+  // The elements of the step that this view holds, in the coordinates of
+  // the full tensor, of the step's region, and of the view.
+  const portable::Box both = portable::Intersect(filled, stored);
+  if (portable::NumElements(both) == 0) return;
+  const portable::Box in_region = portable::Relative(both, filled.offset);
+  at::Tensor dst = view;
+  for (size_t d = 0; d < both.offset.size(); ++d) {
+    dst = dst.narrow(static_cast<int64_t>(d), both.offset[d] - stored.offset[d],
+                     both.length[d]);
+  }
+  const bool whole_region = in_region.length == filled.length;
+
   if (!IsRandom(scheme)) {
-    if (!desc.is_shard() || !NeedsFullTensor(scheme)) {
-      Fill(view, scheme, std::nullopt);  // the value does not depend on where
-      return;
+    if (whole_region) {
+      Fill(dst, scheme, std::nullopt);  // the region as a tensor of its own
+    } else {
+      FillBox(dst, scheme, filled.length, in_region);
     }
-    // Computed for the full tensor, then sliced.
-    at::Tensor full = at::empty(desc.full_shape(), view.options());
-    Fill(full, scheme, std::nullopt);
-    at::Tensor box = full;
-    for (size_t d = 0; d < desc.shape.size(); ++d) {
-      box = box.narrow(static_cast<int64_t>(d), desc.shard_offset[d],
-                       desc.shape[d]);
-    }
-    view.copy_(box);
     return;
   }
-  portable::PortableRequest request;
-  request.seed = seed;
-  request.name_hash = portable::NameHash(desc.name);
-  request.dtype = desc.dtype;
-  request.dist = DistributionOf(scheme, desc.full_shape());
-  request.shape = desc.full_shape();
-  if (desc.is_shard()) request.box = portable::Box{desc.shard_offset, desc.shape};
-  if (view.is_cuda()) {
+  PortableTarget target;
+  target.name = desc.name;
+  target.dtype = desc.dtype;
+  target.shape = filled.length;
+  if (!whole_region) target.box = in_region;
+  target.stream = step;
+  const portable::PortableRequest request =
+      OrFail(PortableRequestFor(scheme, target, seed));
+  // The kernels write the box dense: straight into the view where that is
+  // the view's layout, else into scratch memory that is then copied.
+  at::Tensor out =
+      dst.is_contiguous() ? dst : at::empty(dst.sizes(), dst.options());
+  if (out.is_cuda()) {
     absl::Status status =
-        portable::FillPortableCuda(request, view.data_ptr(), nullptr);
+        portable::FillPortableCuda(request, out.data_ptr(), nullptr);
     if (!status.ok()) Fail(status);
     SynchronizeCuda();
-    return;
+  } else {
+    portable::FillOptions options;
+    options.threads = threads;
+    absl::Status status =
+        portable::FillPortable(request, out.data_ptr(), options);
+    if (!status.ok()) Fail(status);
   }
-  portable::FillOptions options;
-  options.threads = threads;
-  absl::Status status = portable::FillPortable(request, view.data_ptr(), options);
-  if (!status.ok()) Fail(status);
+  if (!out.is_same(dst)) dst.copy_(out);
 }
 
 }  // namespace materializer::init

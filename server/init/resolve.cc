@@ -5,9 +5,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
 #include "server/init/glob.h"
+#include "server/init/portable_request.h"
 #include "server/init/rng_mode.h"
 #include "server/init/schemes.h"
+#include "server/init/value_range.h"
+#include "server/spec/field_path.h"
 
 namespace materializer::init {
 namespace {
@@ -22,7 +26,7 @@ std::string RulePath(int index, const v1::InitRule& rule) {
 }
 
 std::string TensorPath(int index, const spec::TensorDesc& tensor) {
-  return absl::StrCat("model.tensors[", index, "] (\"", tensor.name, "\")");
+  return spec::TensorPath(index, tensor.name);
 }
 
 absl::Status Prefixed(const std::string& path, const absl::Status& status) {
@@ -30,155 +34,293 @@ absl::Status Prefixed(const std::string& path, const absl::Status& status) {
                       absl::StrCat(path, ": ", status.message()));
 }
 
-}  // namespace
+// What the resolution of each tensor needs beyond the tensor itself.
+struct Context {
+  Context(const v1::ModelSpec& model,
+          const std::vector<spec::TensorDesc>& tensors, v1::RngMode rng)
+      : model(model), tensors(tensors), rng(rng) {}
 
-absl::StatusOr<Resolution> ResolveInits(
-    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors) {
+  const v1::ModelSpec& model;
+  const std::vector<spec::TensorDesc>& tensors;
+  v1::RngMode rng;
+  // One shared scheme per rule (a rule's scheme fills many tensors).
+  std::vector<std::shared_ptr<const v1::InitScheme>> rule_schemes;
+  // Module types by module name, for the module-default fallback.
+  absl::flat_hash_map<absl::string_view, absl::string_view> module_types;
+  // Per rule: tensors it matches, and tensors it gives their init.
+  std::vector<int> matched;
+  std::vector<int> won;
+};
+
+// Patterns and parameters of every rule, before any tensor.
+absl::Status CheckRules(const v1::ModelSpec& model) {
   for (int r = 0; r < model.init_rules_size(); ++r) {
     const v1::InitRule& rule = model.init_rules(r);
     if (absl::Status s = CheckGlob(rule.pattern()); !s.ok()) {
       return Prefixed(RulePath(r, rule), s);
     }
+    if (rule.init().has_values()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          RulePath(r, rule),
+          ".init: values carry one tensor's bytes; give them to the tensor "
+          "(TensorSpec.init or init_steps), not to a rule"));
+    }
     if (absl::Status s = CheckSchemeParameters(rule.init()); !s.ok()) {
       return Prefixed(absl::StrCat(RulePath(r, rule), ".init"), s);
     }
   }
+  return absl::OkStatus();
+}
 
-  Resolution resolution;
-  resolution.inits.resize(tensors.size());
-  std::vector<int> matched(model.init_rules_size(), 0);
-  std::vector<int> won(model.init_rules_size(), 0);
-  std::vector<int> uncovered;
-
-  // Module types by module name, for the module-default fallback.
-  absl::flat_hash_map<absl::string_view, absl::string_view> module_types;
-  for (const v1::ModuleSpec& module : model.modules()) {
-    module_types.emplace(module.name(), module.type());
+// Sets out.steps and *source for tensor i from its own init or
+// init_steps, the first matching rule, or its module type; leaves them
+// empty when nothing covers it. Counts rule matches either way.
+absl::Status ChooseInit(Context& context, int i, ResolvedInit& out,
+                        std::string* source) {
+  const spec::TensorDesc& tensor = context.tensors[i];
+  const v1::TensorSpec& spec = context.model.tensors(i);
+  if (tensor.tie_root >= 0) {
+    // Validation refuses an init on a tied tensor; rules skip it.
+    if (spec.init_steps_size() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(TensorPath(i, tensor),
+                       ": has both tie_to and init_steps; a tied tensor "
+                       "takes its values from \"",
+                       spec.tie_to(), "\", so remove its init_steps"));
+    }
+    out.description =
+        absl::StrCat("tied to ", context.tensors[tensor.tie_root].name);
+    return absl::OkStatus();
   }
-
-  std::vector<std::string> sources(tensors.size());
-  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
-    const spec::TensorDesc& tensor = tensors[i];
-    const v1::TensorSpec& spec = model.tensors(i);
-    ResolvedInit& out = resolution.inits[i];
-    if (tensor.tie_root >= 0) {
-      // Validation refuses an init on a tied tensor; rules skip it.
-      out.description = absl::StrCat("tied to ", tensors[tensor.tie_root].name);
-      continue;
-    }
-    bool covered = false;
-    if (spec.has_init()) {
-      if (absl::Status s = CheckSchemeParameters(spec.init()); !s.ok()) {
-        return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
-      }
-      if (absl::Status s = CheckSchemeForTensor(spec.init(), tensor); !s.ok()) {
-        return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
-      }
-      out.scheme = spec.init();
-      sources[i] = " [tensor init]";
-      covered = true;
-    }
-    for (int r = 0; r < model.init_rules_size(); ++r) {
-      const v1::InitRule& rule = model.init_rules(r);
-      if (!GlobMatch(rule.pattern(), tensor.name)) continue;
-      ++matched[r];
-      if (covered) continue;
-      if (absl::Status s = CheckSchemeForTensor(rule.init(), tensor); !s.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(TensorPath(i, tensor), ": ", RulePath(r, rule),
-                         " applies: ", s.message()));
-      }
-      ++won[r];
-      out.scheme = rule.init();
-      sources[i] = absl::StrCat(" [rule ", r, " \"", rule.pattern(), "\"]");
-      covered = true;
-    }
-    if (!covered) {
-      // Last resort: what reset_parameters() of its module type does, when
-      // the type is known (from model.modules, else the tensor's
-      // module_type).
-      auto it = module_types.find(ModuleOf(tensor.name));
-      const absl::string_view type =
-          it != module_types.end() && !it->second.empty()
-              ? it->second
-              : absl::string_view(tensor.module_type);
-      if (!type.empty() && IsKnownModuleType(type)) {
-        *out.scheme.mutable_module_default() = v1::ModuleDefault();
-        sources[i] = " [module default]";
-        covered = true;
-      }
-    }
-    if (!covered) uncovered.push_back(i);
-  }
-
-  if (!uncovered.empty()) {
-    std::string list;
-    size_t listed = 0;
-    for (int i : uncovered) {
-      if (list.size() > kMaxListedChars) break;
-      absl::StrAppend(&list, listed == 0 ? "" : ", ", "\"", tensors[i].name,
-                      "\"");
-      ++listed;
-    }
-    if (listed < uncovered.size()) {
-      absl::StrAppend(&list, ", ... and ", uncovered.size() - listed, " more");
-    }
+  bool covered = false;
+  if (spec.has_init() && spec.init_steps_size() > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model: ", uncovered.size(),
-        uncovered.size() == 1 ? " tensor has" : " tensors have",
-        " no init (no per-tensor init, no init_rules pattern matches, and no "
-        "known module type gives a default), so it would be returned "
-        "uninitialized: ",
-        list,
-        ". Add a rule such as {\"pattern\": \"*\", \"init\": {\"zeros\": "
-        "{}}} or set the tensor's init."));
+        TensorPath(i, tensor),
+        ": has both init and init_steps; give one (a single init is the "
+        "same as one step without a region)"));
   }
-
-  // Portable mode has no definition for schemes that need the whole matrix.
-  if (EffectiveRngMode(model.rng()) == v1::RNG_MODE_PORTABLE) {
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const v1::InitScheme& scheme = resolution.inits[i].scheme;
-      if (tensors[i].tie_root >= 0 || HasPortableDefinition(scheme)) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          TensorPath(static_cast<int>(i), tensors[i]), ":",
-          sources[i].empty() ? "" : sources[i], " ", DescribeScheme(scheme),
-          " has no portable definition: it needs the whole matrix at once, "
-          "so no shard or device order can reproduce it. Use "
-          "model.rng = RNG_MODE_TORCH for this model"));
+  if (spec.has_init()) {
+    if (absl::Status s = CheckSchemeParameters(spec.init()); !s.ok()) {
+      return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
+    }
+    if (absl::Status s = CheckSchemeFits(spec.init(), tensor); !s.ok()) {
+      return Prefixed(absl::StrCat(TensorPath(i, tensor), ".init"), s);
+    }
+    out.steps.push_back(
+        {std::make_shared<const v1::InitScheme>(spec.init()), std::nullopt});
+    *source = " [tensor init]";
+    covered = true;
+  } else if (spec.init_steps_size() > 0) {
+    ASSIGN_OR_RETURN(out.steps, ResolveInitSteps(i, spec, tensor, context.rng));
+    *source = " [tensor init_steps]";
+    covered = true;
+  }
+  for (int r = 0; r < context.model.init_rules_size(); ++r) {
+    const v1::InitRule& rule = context.model.init_rules(r);
+    if (!GlobMatch(rule.pattern(), tensor.name)) continue;
+    ++context.matched[r];
+    if (covered) continue;
+    if (absl::Status s = CheckSchemeFits(rule.init(), tensor); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(TensorPath(i, tensor), ": ", RulePath(r, rule),
+                       " applies: ", s.message()));
+    }
+    ++context.won[r];
+    out.steps.push_back({context.rule_schemes[r], std::nullopt});
+    *source = absl::StrCat(" [rule ", r, " \"", rule.pattern(), "\"]");
+    covered = true;
+  }
+  if (!covered) {
+    // Last resort: what reset_parameters() of its module type does, when
+    // the type is known (from model.modules, else the tensor's
+    // module_type).
+    auto it = context.module_types.find(ModuleOf(tensor.name));
+    const absl::string_view type =
+        it != context.module_types.end() && !it->second.empty()
+            ? it->second
+            : absl::string_view(tensor.module_type);
+    if (!type.empty() && IsKnownModuleType(type)) {
+      v1::InitScheme module_default;
+      *module_default.mutable_module_default() = v1::ModuleDefault();
+      out.steps.push_back(
+          {std::make_shared<const v1::InitScheme>(std::move(module_default)),
+           std::nullopt});
+      *source = " [module default]";
     }
   }
+  return absl::OkStatus();
+}
 
-  std::vector<bool> is_module_default(tensors.size(), false);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    is_module_default[i] = resolution.inits[i].scheme.has_module_default();
+absl::Status UncoveredError(const std::vector<spec::TensorDesc>& tensors,
+                            const std::vector<int>& uncovered) {
+  std::string list;
+  size_t listed = 0;
+  for (int i : uncovered) {
+    if (list.size() > kMaxListedChars) break;
+    absl::StrAppend(&list, listed == 0 ? "" : ", ", "\"", tensors[i].name,
+                    "\"");
+    ++listed;
   }
-  absl::StatusOr<ModulePlans> plans =
-      PlanModuleDefaults(model, tensors, is_module_default);
-  if (!plans.ok()) return plans.status();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    ResolvedInit& out = resolution.inits[i];
-    if (tensors[i].tie_root >= 0) continue;
-    out.module = plans->by_tensor[i];
-    out.description = absl::StrCat(
-        out.module != nullptr
-            ? DescribeModuleDefault(*out.module, static_cast<int>(i))
-            : DescribeScheme(out.scheme),
-        sources[i]);
+  if (listed < uncovered.size()) {
+    absl::StrAppend(&list, ", ... and ", uncovered.size() - listed, " more");
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model: ", uncovered.size(),
+      uncovered.size() == 1 ? " tensor has" : " tensors have",
+      " no init (no per-tensor init, no init_rules pattern matches, and no "
+      "known module type gives a default), so it would be returned "
+      "uninitialized: ",
+      list,
+      ". Add a rule such as {\"pattern\": \"*\", \"init\": {\"zeros\": "
+      "{}}} or set the tensor's init."));
+}
 
-  for (int r = 0; r < model.init_rules_size(); ++r) {
-    const v1::InitRule& rule = model.init_rules(r);
-    if (matched[r] == 0) {
+// The scheme step k of tensor i draws with in portable mode: a module
+// default runs its slot's call.
+const v1::InitScheme& PortableScheme(const ResolvedInit& init, int i,
+                                     size_t k) {
+  if (init.module != nullptr) {
+    for (const ModuleSlot& slot : init.module->slots) {
+      if (slot.tensor == i) return slot.op;
+    }
+  }
+  return *init.steps[k].scheme;
+}
+
+// RNG_MODE_PORTABLE: every step has a portable definition, and the
+// requests the portable fill will make (portable_fill.cc: the step's
+// region, its part in the shard, stream = step index) pass the kernels'
+// own checks. So every failure the kernels could report is reported here,
+// before anything is allocated, whatever the shard (an empty one too).
+absl::Status CheckPortable(uint64_t seed,
+                           const std::vector<spec::TensorDesc>& tensors,
+                           const Resolution& resolution,
+                           const std::vector<std::string>& sources) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const spec::TensorDesc& tensor = tensors[i];
+    if (tensor.tie_root >= 0) continue;
+    const ResolvedInit& init = resolution.inits[i];
+    const std::string path = TensorPath(static_cast<int>(i), tensor);
+    for (size_t k = 0; k < init.steps.size(); ++k) {
+      const ResolvedStep& step = init.steps[k];
+      const v1::InitScheme& scheme =
+          PortableScheme(init, static_cast<int>(i), k);
+      const std::string where =
+          init.steps.size() > 1 ? absl::StrCat(path, ".init_steps[", k, "]: ")
+                                : absl::StrCat(path, ":", sources[i], " ");
+      if (!HasPortableDefinition(scheme)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, DescribeScheme(scheme),
+            " has no portable definition: it needs the whole matrix at once, "
+            "so no shard or device order can reproduce it. Use "
+            "model.rng = RNG_MODE_TORCH for this model"));
+      }
+      if (!IsRandom(scheme)) continue;
+      const std::vector<int64_t>& full = tensor.full_shape();
+      const portable::Box region =
+          step.region.has_value() ? *step.region : portable::FullBox(full);
+      const portable::Box stored =
+          tensor.is_shard() ? portable::Box{tensor.shard_offset, tensor.shape}
+                            : portable::FullBox(full);
+      PortableTarget target;
+      target.name = tensor.name;
+      target.dtype = tensor.dtype;
+      target.shape = region.length;
+      const portable::Box both = portable::Intersect(region, stored);
+      // A shard that holds none of the region still has its parameters
+      // checked, over an empty box.
+      target.box = portable::NumElements(both) > 0
+                       ? portable::Relative(both, region.offset)
+                       : portable::Box{std::vector<int64_t>(full.size(), 0),
+                                       std::vector<int64_t>(full.size(), 0)};
+      target.stream = static_cast<uint32_t>(k);
+      absl::StatusOr<portable::PortableRequest> request =
+          PortableRequestFor(scheme, target, seed);
+      absl::Status status =
+          request.ok() ? CheckPortableRequest(*request) : request.status();
+      if (!status.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, DescribeScheme(scheme),
+                         " in RNG_MODE_PORTABLE: ", status.message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AddRuleWarnings(const Context& context, Resolution& resolution) {
+  for (int r = 0; r < context.model.init_rules_size(); ++r) {
+    const v1::InitRule& rule = context.model.init_rules(r);
+    if (context.matched[r] == 0) {
       resolution.warnings.push_back(
           absl::StrCat(RulePath(r, rule), " matches no tensor"));
-    } else if (won[r] == 0) {
+    } else if (context.won[r] == 0) {
       resolution.warnings.push_back(absl::StrCat(
-          RulePath(r, rule), " matches ", matched[r],
+          RulePath(r, rule), " matches ", context.matched[r],
           " tensor(s), all covered first by a per-tensor init or an earlier "
           "rule"));
     }
   }
-  for (std::string& warning : plans->warnings) {
+}
+
+}  // namespace
+
+absl::StatusOr<Resolution> ResolveInits(
+    const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors) {
+  RETURN_IF_ERROR(CheckInitLimits(model));
+  RETURN_IF_ERROR(CheckRules(model));
+
+  Context context(model, tensors, EffectiveRngMode(model.rng()));
+  for (const v1::InitRule& rule : model.init_rules()) {
+    context.rule_schemes.push_back(
+        std::make_shared<const v1::InitScheme>(rule.init()));
+  }
+  for (const v1::ModuleSpec& module : model.modules()) {
+    context.module_types.emplace(module.name(), module.type());
+  }
+  context.matched.assign(model.init_rules_size(), 0);
+  context.won.assign(model.init_rules_size(), 0);
+
+  Resolution resolution;
+  resolution.inits.resize(tensors.size());
+  std::vector<std::string> sources(tensors.size());
+  std::vector<int> uncovered;
+  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    RETURN_IF_ERROR(ChooseInit(context, i, resolution.inits[i], &sources[i]));
+    if (tensors[i].tie_root < 0 && resolution.inits[i].steps.empty()) {
+      uncovered.push_back(i);
+    }
+  }
+  if (!uncovered.empty()) return UncoveredError(tensors, uncovered);
+
+  std::vector<bool> is_module_default(tensors.size(), false);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::vector<ResolvedStep>& steps = resolution.inits[i].steps;
+    is_module_default[i] =
+        steps.size() == 1 && steps[0].scheme->has_module_default();
+  }
+  ASSIGN_OR_RETURN(ModulePlans plans,
+                   PlanModuleDefaults(model, tensors, is_module_default));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ResolvedInit& out = resolution.inits[i];
+    if (tensors[i].tie_root >= 0) continue;
+    out.module = plans.by_tensor[i];
+    out.step_infos = StepInfos(out.steps);
+    if (out.module != nullptr) {
+      out.step_infos[0].set_init(
+          DescribeModuleDefault(*out.module, static_cast<int>(i)));
+      out.description = out.step_infos[0].init();
+    } else {
+      out.description = DescribeSteps(out.steps);
+    }
+    out.description += sources[i];
+  }
+
+  if (context.rng == v1::RNG_MODE_PORTABLE) {
+    RETURN_IF_ERROR(CheckPortable(model.seed(), tensors, resolution, sources));
+  }
+  AddRuleWarnings(context, resolution);
+  for (std::string& warning : plans.warnings) {
     resolution.warnings.push_back(std::move(warning));
   }
   return resolution;

@@ -2,12 +2,17 @@
 #define MATERIALIZER_SERVER_INIT_RESOLVE_H_
 
 // Decides which init fills each tensor, before anything is allocated:
-//   1. the tensor's own `init`, else
-//   2. the first rule in model.init_rules whose pattern matches its name.
+//   1. the tensor's own `init` or `init_steps`, else
+//   2. the first rule in model.init_rules whose pattern matches its name,
+//      else
+//   3. the default of its module type (module_default).
 // A tensor that nothing covers is an error listing every such tensor, so a
-// handle can never hold an uninitialized tensor. A tied tensor (tie_root >= 0)
-// has no init of its own: its values are its root's. module_default tensors
-// get their module's plan (module_plan.h).
+// handle can never hold an uninitialized tensor. A tied tensor (tie_root >=
+// 0) has no init of its own: its values are its root's. module_default
+// tensors get their module's plan (module_plan.h). Every check that could
+// fail while filling is made here (value_range.h; in RNG_MODE_PORTABLE the
+// kernels' own checks on the requests the fill will make), so Plan and
+// Materialize refuse the same requests with the same message.
 //
 //   ASSIGN_OR_RETURN(Resolution resolution, ResolveInits(model, tensors));
 
@@ -18,19 +23,25 @@
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
 #include "server/init/module_plan.h"
+#include "server/init/steps.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::init {
 
 struct ResolvedInit {
-  // Unset for a tied tensor (nothing to write: its storage is its root's).
-  v1::InitScheme scheme;
+  // What fills the tensor, in order: one step for a plain init, a rule or a
+  // module default (module_default, with `module` set); the tensor's
+  // init_steps; none for a tied tensor (its storage is its root's).
+  std::vector<ResolvedStep> steps;
   // e.g. `normal(mean=0, std=0.02) [rule 1 "*.weight"]`,
-  // `zeros [tensor init]` or `tied to transformer.wte.weight`.
+  // `zeros [tensor init]`, `normal(mean=0, std=0.02) then zeros on
+  // [1:2, 0:768] [tensor init_steps]` or `tied to transformer.wte.weight`.
   std::string description;
   // module_default: the plan of the tensor's module, shared by every
   // module_default tensor of that module; null otherwise.
   std::shared_ptr<const ModulePlan> module;
+  // One per step, for Plan and Describe (TensorPlan.steps).
+  std::vector<v1::InitStepInfo> step_infos;
 };
 
 struct Resolution {
@@ -42,9 +53,13 @@ struct Resolution {
 };
 
 // INVALID_ARGUMENT naming the rule or tensor and the reason for: a rule with
-// a bad pattern or parameters, a scheme that cannot fill its tensor (dtype,
-// shape), tensors that nothing covers (all listed, up to a message-size
-// cap), a module_default that cannot be planned, a bad model.modules entry.
+// a bad pattern or parameters (or literal values, which belong to one
+// tensor), a scheme that cannot fill its tensor or step region (dtype,
+// shape, finite range, values size), bad init steps (steps.h), the request
+// limits on steps and values, tensors that nothing covers (all listed, up
+// to a message-size cap), a module_default that cannot be planned, a bad
+// model.modules entry, a scheme without a portable definition in
+// RNG_MODE_PORTABLE.
 absl::StatusOr<Resolution> ResolveInits(
     const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors);
 

@@ -1,6 +1,9 @@
 #include "server/init/resolve.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "google/protobuf/text_format.h"
+#include "server/init/shard.h"
 #include "server/spec/validate.h"
 #include "tests/testing/status_matchers.h"
 
@@ -59,7 +62,13 @@ TEST(ResolveInitsTest, TensorInitBeatsRulesAndFirstRuleWins) {
   EXPECT_EQ(r.inits[0].description, "constant(val=3) [tensor init]");
   EXPECT_EQ(r.inits[1].description, "zeros [rule 0 \"*.bias\"]");
   EXPECT_EQ(r.inits[2].description, "normal(mean=0, std=0.02) [rule 1 \"*\"]");
-  EXPECT_EQ(r.inits[2].scheme.normal().std(), 0.02);
+  ASSERT_EQ(r.inits[2].steps.size(), 1u);
+  EXPECT_EQ(r.inits[2].steps[0].scheme->normal().std(), 0.02);
+  EXPECT_FALSE(r.inits[2].steps[0].region.has_value());
+  // A plain init or a rule shows as one step without a region.
+  ASSERT_EQ(r.inits[2].step_infos.size(), 1u);
+  EXPECT_EQ(r.inits[2].step_infos[0].init(), "normal(mean=0, std=0.02)");
+  EXPECT_EQ(r.inits[2].step_infos[0].region_size(), 0);
   // Rule 2 matched b.weight, but rule 1 had already covered it.
   EXPECT_THAT(r.warnings,
               ElementsAre(AllOf(HasSubstr("model.init_rules[2] (\"b.*\")"),
@@ -294,7 +303,8 @@ TEST(ResolveInitsTest, TiedTensorsHaveNoInitOfTheirOwn) {
   ASSERT_OK_AND_ASSIGN(Resolution r, ResolveInits(model, tensors));
   EXPECT_EQ(r.inits[0].description, "zeros [rule 1 \"*\"]");
   EXPECT_EQ(r.inits[1].description, "tied to wte.weight");
-  EXPECT_EQ(r.inits[1].scheme.scheme_case(), v1::InitScheme::SCHEME_NOT_SET);
+  EXPECT_TRUE(r.inits[1].steps.empty());  // a tie has no steps of its own
+  EXPECT_TRUE(r.inits[1].step_infos.empty());
   // The lm_head rule only matched the tied tensor.
   EXPECT_THAT(r.warnings, ElementsAre(HasSubstr("matches no tensor")));
 }
@@ -389,10 +399,11 @@ TEST(ResolveInitsTest, KnownModuleTypeIsTheLastResort) {
       init { zeros {} }
     }
   )pb"));
-  EXPECT_TRUE(r.inits[0].scheme.has_module_default());
+  EXPECT_TRUE(r.inits[0].steps[0].scheme->has_module_default());
   EXPECT_THAT(r.inits[0].description, HasSubstr("[module default]"));
   EXPECT_EQ(r.inits[1].description, "zeros [rule 0 \"*.bias\"]");
-  EXPECT_TRUE(r.inits[2].scheme.has_module_default());  // from model.modules
+  // From model.modules.
+  EXPECT_TRUE(r.inits[2].steps[0].scheme->has_module_default());
   // A type module_default does not know (Hugging Face's Conv1D) covers
   // nothing.
   EXPECT_THAT(Resolve(R"pb(
@@ -407,6 +418,192 @@ TEST(ResolveInitsTest, KnownModuleTypeIsTheLastResort) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("1 tensor has no init"),
                              HasSubstr("\"c_attn.weight\""))));
+}
+
+}  // namespace
+}  // namespace materializer::init
+
+namespace materializer::init {
+namespace {
+
+using ::materializer::testing::IsOk;
+using ::materializer::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// As the engine prepares a request: validate, cut shards, resolve.
+absl::StatusOr<Resolution> Prepare(const std::string& text) {
+  v1::ModelSpec model;
+  if (!google::protobuf::TextFormat::ParseFromString(text, &model)) {
+    return absl::InternalError("bad text proto in test");
+  }
+  absl::StatusOr<std::vector<spec::TensorDesc>> tensors =
+      spec::ValidateTensors(model);
+  if (!tensors.ok()) return tensors.status();
+  absl::Status shards = ApplyShards(model, model.rng(), *tensors);
+  if (!shards.ok()) return shards;
+  return ResolveInits(model, *tensors);
+}
+
+TEST(ResolveStepsTest, StepsCoverTheTensorAndRulesSkipIt) {
+  ASSERT_OK_AND_ASSIGN(Resolution r, Prepare(R"pb(
+                         rng: RNG_MODE_TORCH
+                         tensors {
+                           name: "wte.weight"
+                           shape: [ 10, 4 ]
+                           dtype: "float32"
+                           init_steps { init { normal { std: 0.02 } } }
+                           init_steps {
+                             init { zeros {} }
+                             region { offset: 1 length: 1 }
+                             region { offset: 0 length: 4 }
+                           }
+                         }
+                         init_rules {
+                           pattern: "*"
+                           init { ones {} }
+                         }
+                       )pb"));
+  EXPECT_EQ(r.inits[0].description,
+            "normal(mean=0, std=0.02) then zeros on [1:2, 0:4] [tensor "
+            "init_steps]");
+  EXPECT_EQ(r.inits[0].steps.size(), 2u);
+  EXPECT_EQ(r.inits[0].step_infos.size(), 2u);
+  EXPECT_EQ(r.inits[0].module, nullptr);
+  EXPECT_THAT(r.warnings,
+              ElementsAre(HasSubstr("all covered first by a per-tensor init")));
+}
+
+// A Linear whose weight is recorded as steps: the weight takes no module
+// default, and its bias's default still comes from the module's generator
+// as a whole (the module plan consumes the weight's draws).
+TEST(ResolveStepsTest, StepsReplaceTheModuleDefaultOfTheirTensorOnly) {
+  ASSERT_OK_AND_ASSIGN(Resolution r, Prepare(R"pb(
+                         rng: RNG_MODE_TORCH
+                         tensors {
+                           name: "fc.weight"
+                           shape: [ 3, 2 ]
+                           dtype: "float32"
+                           module_type: "Linear"
+                           init_steps { init { zeros {} } }
+                         }
+                         tensors {
+                           name: "fc.bias"
+                           shape: [ 3 ]
+                           dtype: "float32"
+                           module_type: "Linear"
+                         }
+                       )pb"));
+  EXPECT_EQ(r.inits[0].module, nullptr);
+  ASSERT_NE(r.inits[1].module, nullptr);
+  const ModuleSlot& weight = r.inits[1].module->slots[0];
+  EXPECT_EQ(weight.local_name, "weight");
+  EXPECT_FALSE(weight.write);
+  EXPECT_TRUE(weight.consume);
+  ASSERT_EQ(r.inits[1].step_infos.size(), 1u);
+  EXPECT_THAT(r.inits[1].step_infos[0].init(),
+              HasSubstr("module_default(Linear \"fc\""));
+}
+
+TEST(ResolveStepsTest, ConflictsAndMisplacedValuesAreRefused) {
+  const struct {
+    const char* model;
+    std::vector<const char*> parts;
+  } cases[] = {
+      {R"pb(tensors {
+              name: "w"
+              shape: [ 2 ]
+              dtype: "float32"
+              init { zeros {} }
+              init_steps { init { ones {} } }
+            })pb",
+       {"model.tensors[0] (\"w\")", "has both init and init_steps"}},
+      {R"pb(tensors {
+              name: "a"
+              shape: [ 2 ]
+              dtype: "float32"
+              init { ones {} }
+            }
+            tensors {
+              name: "b"
+              shape: [ 2 ]
+              dtype: "float32"
+              tie_to: "a"
+              init_steps { init { ones {} } }
+            })pb",
+       {"model.tensors[1] (\"b\")", "has both tie_to and init_steps"}},
+      {R"pb(tensors {
+              name: "w"
+              shape: [ 1 ]
+              dtype: "float32"
+            }
+            init_rules {
+              pattern: "*"
+              init { values { data: "\000\000\000\000" } }
+            })pb",
+       {"model.init_rules[0] (\"*\").init", "values carry one tensor's bytes"}},
+      {R"pb(tensors {
+              name: "w"
+              shape: [ 2 ]
+              dtype: "float32"
+              init { values { data: "\000\000\000\000" } }
+            })pb",
+       {"model.tensors[0] (\"w\").init", "values.data has 4 bytes", "needs 8"}},
+      // Portable mode: every step needs a portable definition.
+      {R"pb(rng: RNG_MODE_PORTABLE
+            tensors {
+              name: "w"
+              shape: [ 4, 4 ]
+              dtype: "float32"
+              init_steps { init { zeros {} } }
+              init_steps {
+                init { orthogonal {} }
+                region { offset: 0 length: 2 }
+                region { offset: 0 length: 4 }
+              }
+            })pb",
+       {"model.tensors[0] (\"w\").init_steps[1]",
+        "orthogonal(gain=1) has no portable definition"}},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<Resolution> r = Prepare(c.model);
+    ASSERT_FALSE(r.ok()) << c.model;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    for (const char* part : c.parts) {
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr(part))
+          << c.model;
+    }
+  }
+}
+
+// Portable mode checks the requests each step makes, for the shard's part
+// of the step's region: the same answer for every shard, empty ones too.
+TEST(ResolveStepsTest, PortableStepsAreCheckedForEveryShard) {
+  for (const char* shard : {"", "shard { split { dim: 0 index: 0 count: 2 } }",
+                            "shard { split { dim: 0 index: 7 count: 8 } }"}) {
+    const std::string model = absl::StrReplaceAll(
+        R"pb(rng: RNG_MODE_PORTABLE
+             tensors {
+               name: "w"
+               shape: [ 4, 8 ]
+               dtype: "float32" SHARD
+               init_steps { init { zeros {} } }
+               init_steps {
+                 init { normal { std: STD } }
+                 region { offset: 2 length: 2 }
+                 region { offset: 0 length: 8 }
+               }
+             })pb",
+        {{"SHARD", shard}});
+    EXPECT_THAT(Prepare(absl::StrReplaceAll(model, {{"STD", "1"}})), IsOk())
+        << shard;
+    EXPECT_THAT(Prepare(absl::StrReplaceAll(model, {{"STD", "1e38"}})),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("model.tensors[0] (\"w\").init_steps"
+                                         "[1].init: on region [2:4, 0:8]"),
+                               HasSubstr("normal.mean and normal.std"))))
+        << shard;
+  }
 }
 
 }  // namespace

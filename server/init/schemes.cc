@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "server/init/values.h"
+#include "server/spec/limits.h"
 
 namespace materializer::init {
 namespace {
@@ -18,7 +20,7 @@ using spec::DType;
 constexpr const char* kSchemeNames =
     "zeros, ones, constant, uniform, normal, trunc_normal, xavier_uniform, "
     "xavier_normal, kaiming_uniform, kaiming_normal, orthogonal, eye, dirac, "
-    "sparse, module_default, empty, arange, rope_inv_freq";
+    "sparse, module_default, empty, arange, rope_inv_freq, values";
 
 constexpr const char* kRopeTypes = "default, linear, dynamic, llama3, yarn";
 
@@ -43,76 +45,23 @@ std::string ShapeText(const spec::TensorDesc& tensor) {
   return absl::StrCat("[", absl::StrJoin(tensor.full_shape(), ", "), "]");
 }
 
-// Range of an integer dtype.
-void IntRange(DType dtype, double* lo, double* hi) {
-  switch (dtype) {
-    case DType::kInt8:
-      *lo = -128;
-      *hi = 127;
-      return;
-    case DType::kInt16:
-      *lo = -32768;
-      *hi = 32767;
-      return;
-    case DType::kInt32:
-      *lo = -2147483648.0;
-      *hi = 2147483647.0;
-      return;
-    case DType::kInt64:
-      *lo = -9223372036854775808.0;
-      *hi = 9223372036854775807.0;
-      return;
-    case DType::kUInt8:
-      *lo = 0;
-      *hi = 255;
-      return;
-    case DType::kBool:
-      *lo = 0;
-      *hi = 1;
-      return;
-    default:
-      *lo = -std::numeric_limits<double>::max();
-      *hi = std::numeric_limits<double>::max();
-  }
-}
-
-absl::Status Representable(absl::string_view field, double value,
-                           const spec::TensorDesc& tensor) {
-  const spec::DTypeInfo& info = spec::Info(tensor.dtype);
-  if (info.is_floating_point) {
-    if (std::fabs(value) > MaxFinite(tensor.dtype)) {
-      return Invalid(absl::StrCat(field, " is ", ShortNumber(value),
-                                  ", which overflows ", info.name,
-                                  " (largest finite value ",
-                                  ShortNumber(MaxFinite(tensor.dtype)), ")"));
-    }
-    return absl::OkStatus();
-  }
-  double lo = 0;
-  double hi = 0;
-  IntRange(tensor.dtype, &lo, &hi);
-  if (value != std::floor(value) || value < lo || value > hi) {
-    // int64's bounds are not exact doubles; 2^63 itself is out of range.
-    return Invalid(absl::StrCat(field, " is ", ShortNumber(value), ", which ",
-                                info.name, " cannot represent (integers in [",
-                                ShortNumber(lo), ", ", ShortNumber(hi), "])"));
-  }
-  if (tensor.dtype == DType::kInt64 && value >= 9223372036854775808.0) {
-    return Invalid(absl::StrCat(field, " is ", ShortNumber(value),
-                                ", which overflows int64"));
-  }
-  return absl::OkStatus();
-}
-
-// The dtype random values are generated in: float8 goes through float32.
-DType GeneratingDType(DType dtype) {
-  return dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2
-             ? DType::kFloat32
-             : dtype;
-}
-
 absl::Status CheckGain(const v1::Gain& gain, absl::string_view field) {
   return ResolveGain(gain, field).status();
+}
+
+// torch's xavier_* scale a range or a std by the gain: a negative gain
+// makes torch refuse while filling (uniform_ with from > to, normal_ with a
+// negative std), so it is refused here.
+absl::Status CheckXavierGain(const v1::Gain& gain, absl::string_view field) {
+  absl::StatusOr<double> value = ResolveGain(gain, field);
+  if (!value.ok()) return value.status();
+  if (*value < 0) {
+    return Invalid(absl::StrCat(
+        field, ".value is ", ShortNumber(*value),
+        "; it must be >= 0 (torch scales the bound or std by the gain and "
+        "refuses a negative one)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckKaiming(absl::string_view name, bool has_a, double a,
@@ -293,117 +242,21 @@ std::string KaimingText(absl::string_view name, const Kaiming& k) {
       k.nonlinearity().empty() ? "leaky_relu" : k.nonlinearity(), ")");
 }
 
-// Bounds of xavier/kaiming on this tensor must stay finite in the dtype the
-// values are generated in (torch's uniform_ refuses a range wider than the
-// dtype's largest value).
+// xavier and kaiming compute fan in and fan out.
 absl::Status CheckFanScheme(const v1::InitScheme& scheme,
                             const spec::TensorDesc& tensor) {
-  absl::StatusOr<Fans> fans = FanInAndFanOut(tensor.full_shape());
-  if (!fans.ok()) {
-    return Invalid(absl::StrCat(DescribeScheme(scheme),
-                                " needs a tensor with "
-                                "at least 2 dimensions (it computes fan in "
-                                "and fan out); the tensor has shape ",
-                                ShapeText(tensor)));
-  }
-  if (tensor.numel == 0) return absl::OkStatus();  // nothing to draw
-  double std = 0;
-  bool uniform = false;
-  switch (scheme.scheme_case()) {
-    case v1::InitScheme::kXavierUniform:
-    case v1::InitScheme::kXavierNormal: {
-      const v1::Gain& gain = scheme.has_xavier_uniform()
-                                 ? scheme.xavier_uniform().gain()
-                                 : scheme.xavier_normal().gain();
-      std = XavierStd(*fans, ResolveGain(gain, "gain").value());
-      uniform = scheme.has_xavier_uniform();
-      break;
-    }
-    case v1::InitScheme::kKaimingUniform:
-    case v1::InitScheme::kKaimingNormal: {
-      const bool u = scheme.has_kaiming_uniform();
-      const KaimingParams p =
-          u ? GetKaimingParams(scheme.kaiming_uniform().a(),
-                               scheme.kaiming_uniform().mode(),
-                               scheme.kaiming_uniform().nonlinearity())
-            : GetKaimingParams(scheme.kaiming_normal().a(),
-                               scheme.kaiming_normal().mode(),
-                               scheme.kaiming_normal().nonlinearity());
-      const int64_t fan =
-          p.mode == FanMode::kFanIn ? fans->fan_in : fans->fan_out;
-      std = KaimingStd(fan, CalculateGain(p.nonlinearity, p.a).value());
-      uniform = u;
-      break;
-    }
-    default:
-      return absl::OkStatus();
-  }
-  const double extent = uniform ? 2 * UniformBoundForStd(std) : std;
-  const DType dtype = GeneratingDType(tensor.dtype);
-  if (!std::isfinite(extent) || extent > MaxFinite(dtype)) {
-    return Invalid(absl::StrCat(
-        DescribeScheme(scheme), " on shape ", ShapeText(tensor), " gives ",
-        uniform ? "a range of width " : "a std of ", ShortNumber(extent),
-        ", which overflows ", spec::Name(dtype)));
-  }
-  return absl::OkStatus();
+  if (tensor.full_shape().size() >= 2) return absl::OkStatus();
+  return Invalid(absl::StrCat(DescribeScheme(scheme),
+                              " needs a tensor with at least 2 dimensions (it "
+                              "computes fan in and fan out); the tensor has "
+                              "shape ",
+                              ShapeText(tensor)));
 }
 
-absl::Status CheckArange(const v1::Arange& arange,
-                         const spec::TensorDesc& tensor) {
-  const ArangeParams p = GetParams(arange);
-  const spec::DTypeInfo& info = spec::Info(tensor.dtype);
+absl::Status CheckArange(const spec::TensorDesc& tensor) {
   if (tensor.dtype == DType::kBool) {
     return Invalid(
         "arange cannot fill a bool tensor (torch.arange has no bool kernel)");
-  }
-  if (tensor.numel == 0) return absl::OkStatus();
-  const double count = static_cast<double>(tensor.numel - 1);
-  if (info.is_floating_point) {
-    const double last = p.start + count * p.step;
-    for (double v : {p.start, last}) {
-      if (!std::isfinite(v) || std::fabs(v) > MaxFinite(tensor.dtype)) {
-        return Invalid(absl::StrCat(
-            "arange(start=", ShortNumber(p.start),
-            ", step=", ShortNumber(p.step), ") reaches ", ShortNumber(v),
-            " over ", tensor.numel, " elements, which overflows ", info.name));
-      }
-    }
-    return absl::OkStatus();
-  }
-  for (const auto& [field, value] :
-       {std::pair<const char*, double>{"arange.start", p.start},
-        {"arange.step", p.step}}) {
-    if (value != std::floor(value) ||
-        std::fabs(value) >= 9223372036854775808.0) {
-      return Invalid(absl::StrCat(field, " is ", ShortNumber(value), "; ",
-                                  info.name,
-                                  " needs an integer that fits in int64"));
-    }
-  }
-  // Exact: |start|, |step| < 2^63 and numel < 2^63, so this fits 127 bits.
-  const __int128 start = static_cast<int64_t>(p.start);
-  const __int128 last =
-      start + static_cast<__int128>(tensor.numel - 1) *
-                  static_cast<__int128>(static_cast<int64_t>(p.step));
-  double lo = 0;
-  double hi = 0;
-  IntRange(tensor.dtype, &lo, &hi);
-  const __int128 lo_i =
-      tensor.dtype == DType::kInt64
-          ? static_cast<__int128>(std::numeric_limits<int64_t>::min())
-          : static_cast<__int128>(lo);
-  const __int128 hi_i =
-      tensor.dtype == DType::kInt64
-          ? static_cast<__int128>(std::numeric_limits<int64_t>::max())
-          : static_cast<__int128>(hi);
-  for (__int128 v : {start, last}) {
-    if (v < lo_i || v > hi_i) {
-      return Invalid(absl::StrCat(
-          "arange(start=", ShortNumber(p.start), ", step=", ShortNumber(p.step),
-          ") over ", tensor.numel, " elements leaves ", info.name, "'s range [",
-          ShortNumber(lo), ", ", ShortNumber(hi), "]"));
-    }
   }
   return absl::OkStatus();
 }
@@ -415,6 +268,13 @@ absl::Status CheckRopeForTensor(const v1::RopeInvFreq& rope,
         "rope_inv_freq needs a 1-D tensor (dim / 2 frequencies); the tensor "
         "has shape ",
         ShapeText(tensor)));
+  }
+  if (tensor.full_shape()[0] > spec::kMaxRopeFrequencies) {
+    return Invalid(absl::StrCat("rope_inv_freq fills at most ",
+                                spec::kMaxRopeFrequencies,
+                                " frequencies (rotary dimensions are in the "
+                                "hundreds); the tensor has shape ",
+                                ShapeText(tensor)));
   }
   const RopeParams p = GetParams(rope, tensor.full_shape()[0]);
   const int64_t expected = (p.dim + 1) / 2;  // len(range(0, dim, 2))
@@ -580,9 +440,11 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme) {
       return absl::OkStatus();
     }
     case v1::InitScheme::kXavierUniform:
-      return CheckGain(scheme.xavier_uniform().gain(), "xavier_uniform.gain");
+      return CheckXavierGain(scheme.xavier_uniform().gain(),
+                             "xavier_uniform.gain");
     case v1::InitScheme::kXavierNormal:
-      return CheckGain(scheme.xavier_normal().gain(), "xavier_normal.gain");
+      return CheckXavierGain(scheme.xavier_normal().gain(),
+                             "xavier_normal.gain");
     case v1::InitScheme::kKaimingUniform: {
       const v1::KaimingUniform& k = scheme.kaiming_uniform();
       return CheckKaiming("kaiming_uniform", k.has_a(), k.a(), k.mode(),
@@ -627,6 +489,8 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme) {
     }
     case v1::InitScheme::kRopeInvFreq:
       return CheckRope(scheme.rope_inv_freq());
+    case v1::InitScheme::kValues:
+      return absl::OkStatus();  // checked against the tensor (values.h)
     case v1::InitScheme::SCHEME_NOT_SET:
       break;
   }
@@ -647,24 +511,6 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
   }
   const size_t dims = tensor.full_shape().size();
   switch (scheme.scheme_case()) {
-    case v1::InitScheme::kConstant:
-      return Representable("constant.val", scheme.constant().val(), tensor);
-    case v1::InitScheme::kUniform: {
-      const UniformParams p = GetParams(scheme.uniform());
-      if (absl::Status s = Representable("uniform.a", p.a, tensor); !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = Representable("uniform.b", p.b, tensor); !s.ok()) {
-        return s;
-      }
-      // torch: uniform_ expects to - from <= the dtype's largest value.
-      if (p.b - p.a > MaxFinite(tensor.dtype)) {
-        return Invalid(absl::StrCat("uniform.b - uniform.a is ",
-                                    ShortNumber(p.b - p.a),
-                                    ", which overflows ", info.name));
-      }
-      return absl::OkStatus();
-    }
     case v1::InitScheme::kXavierUniform:
     case v1::InitScheme::kXavierNormal:
     case v1::InitScheme::kKaimingUniform:
@@ -709,9 +555,11 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
       return absl::OkStatus();
     }
     case v1::InitScheme::kArange:
-      return CheckArange(scheme.arange(), tensor);
+      return CheckArange(tensor);
     case v1::InitScheme::kRopeInvFreq:
       return CheckRopeForTensor(scheme.rope_inv_freq(), tensor);
+    case v1::InitScheme::kValues:
+      return CheckValues(scheme.values(), tensor);
     default:
       return absl::OkStatus();
   }
@@ -797,6 +645,8 @@ std::string DescribeScheme(const v1::InitScheme& scheme) {
     }
     case v1::InitScheme::kRopeInvFreq:
       return RopeText(scheme.rope_inv_freq());
+    case v1::InitScheme::kValues:
+      return absl::StrCat("values(", scheme.values().data().size(), " bytes)");
     case v1::InitScheme::SCHEME_NOT_SET:
       break;
   }

@@ -81,16 +81,18 @@ RopeParams GetParams(const v1::RopeInvFreq& rope, int64_t length);
 
 // Checks what does not depend on the tensor: a scheme is set, parameters are
 // finite, std >= 0 (> 0 for trunc_normal), a <= b (a < b for trunc_normal),
-// known nonlinearity and mode names, groups >= 1, sparsity in [0, 1], RoPE
-// scaling parameters. INVALID_ARGUMENT with a reason like
-// "normal.std is -1; it must be >= 0" (the caller adds the field path).
+// xavier gains >= 0, known nonlinearity and mode names, groups >= 1,
+// sparsity in [0, 1], RoPE scaling parameters. INVALID_ARGUMENT with a reason
+// like "normal.std is -1; it must be >= 0" (the caller adds the field path).
 absl::Status CheckSchemeParameters(const v1::InitScheme& scheme);
 
-// Checks that `scheme` can fill `tensor`: random schemes need a floating
-// dtype; fan-based schemes and orthogonal need >= 2 dimensions, eye and
-// sparse 2, dirac 3 to 5; constants, bounds and arange values must be
-// representable in the dtype; RoPE needs a 1-D tensor of ceil(dim / 2)
-// elements. module_default is checked with its module (module_plan.h).
+// Checks that `scheme` can fill `tensor` (its full shape): random schemes
+// need a floating dtype; fan-based schemes and orthogonal need >= 2
+// dimensions, eye and sparse 2, dirac 3 to 5; arange no bool; RoPE needs a
+// 1-D tensor of ceil(dim / 2) elements (at most kMaxRopeFrequencies);
+// values the tensor's size and no NaN (values.h). Whether the values fit the
+// dtype is CheckValueRange's (value_range.h). module_default is checked with
+// its module (module_plan.h).
 absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
                                   const spec::TensorDesc& tensor);
 

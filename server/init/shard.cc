@@ -3,14 +3,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/init/portable/box.h"
+#include "server/spec/field_path.h"
 
 namespace materializer::init {
 namespace {
 
 absl::Status Invalid(int index, const spec::TensorDesc& tensor,
                      absl::string_view reason) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model.tensors[", index, "] (\"", tensor.name, "\").shard: ", reason));
+  return absl::InvalidArgumentError(
+      absl::StrCat(spec::TensorPath(index, tensor.name), ".shard: ", reason));
 }
 
 }  // namespace
@@ -36,7 +37,12 @@ absl::Status ApplyShards(const v1::ModelSpec& model, v1::RngMode rng,
     if (t.tie_root >= 0 || tied_to[i]) {
       return Invalid(i, t, "a tied tensor cannot be a shard");
     }
-    if ((shard.box_size() > 0) == shard.has_split()) {
+    // A 0-d tensor's box has no ranges: an empty Shard is that box (the
+    // one element), so code that builds boxes from shapes needs no special
+    // case for scalars.
+    const bool scalar_box =
+        t.shape.empty() && shard.box_size() == 0 && !shard.has_split();
+    if (!scalar_box && (shard.box_size() > 0) == shard.has_split()) {
       return Invalid(i, t,
                      "set exactly one of box (a range per dimension) and "
                      "split ({dim, index, count})");

@@ -31,6 +31,8 @@ struct HandleSpec {
   std::vector<spec::TensorDesc> tensors;
   // Which init filled each tensor, e.g. "normal(mean=0, std=0.02) [rule 1]".
   std::vector<std::string> init_descriptions;
+  // Each tensor's init steps (TensorInfo.steps; none for a tied tensor).
+  std::vector<std::vector<v1::InitStepInfo>> init_steps;
   spec::Layout layout;
   uint64_t seed = 0;
   v1::RngMode rng = v1::RNG_MODE_UNSPECIFIED;

@@ -38,6 +38,15 @@ struct TensorDesc {
   const std::vector<int64_t>& full_shape() const {
     return is_shard() ? shard_full_shape : shape;
   }
+  // Elements of the full tensor (numel for a whole tensor). Validation
+  // keeps every decision about values on the full tensor, so an empty shard
+  // is checked like any other shard.
+  uint64_t full_numel() const {
+    if (!is_shard()) return numel;
+    uint64_t n = 1;
+    for (int64_t size : shard_full_shape) n *= static_cast<uint64_t>(size);
+    return n;
+  }
 };
 
 }  // namespace materializer::spec

@@ -1,5 +1,6 @@
 #include "server/spec/validate.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -7,13 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
+#include "server/spec/field_path.h"
 
 namespace materializer::spec {
 namespace {
-
-std::string TensorPath(int index, absl::string_view name) {
-  return absl::StrCat("model.tensors[", index, "] (\"", name, "\")");
-}
 
 absl::Status Invalid(int index, absl::string_view name,
                      absl::string_view reason) {
@@ -25,6 +23,20 @@ absl::Status Invalid(int index, absl::string_view name,
 bool MulWithin(uint64_t a, uint64_t b, uint64_t limit, uint64_t* out) {
   if (a != 0 && b > limit / a) return false;
   *out = a * b;
+  return true;
+}
+
+// Whether every stride of a contiguous tensor of `shape` fits in
+// kMaxTensorBytes. torch computes stride[d] as the product of the sizes
+// after d, each at least 1, so a tensor without elements can still have
+// strides that overflow int64 ([0, 2^32, 2^32]).
+bool StridesFit(const v1::TensorSpec& t) {
+  uint64_t stride = 1;
+  for (int d = t.shape_size() - 1; d > 0; --d) {
+    const uint64_t size =
+        std::max<uint64_t>(static_cast<uint64_t>(t.shape(d)), 1);
+    if (!MulWithin(stride, size, kMaxTensorBytes, &stride)) return false;
+  }
   return true;
 }
 
@@ -106,6 +118,12 @@ std::string NameProblem(absl::string_view name) {
 
 absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
     const v1::ModelSpec& model) {
+  if (model.tensors_size() == 0) {
+    // A handle holds at least one tensor; an empty model is a client bug
+    // (a filter that left nothing), better reported than materialized.
+    return absl::InvalidArgumentError(
+        "model.tensors: the model has no tensors");
+  }
   if (model.tensors_size() > kMaxTensors) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.tensors: ", model.tensors_size(),
@@ -171,6 +189,14 @@ absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
             absl::StrCat("shape [", absl::StrJoin(t.shape(), ", "),
                          "] has more than 2^63-1 elements"));
       }
+    }
+    if (!StridesFit(t)) {
+      return Invalid(
+          i, t.name(),
+          absl::StrCat("shape [", absl::StrJoin(t.shape(), ", "),
+                       "] has strides of more than 2^63-1 elements (a "
+                       "stride is the product of the later sizes, each "
+                       "counted as at least 1, as torch computes it)"));
     }
     uint64_t nbytes = 0;
     if (!MulWithin(numel, ItemSize(*dtype), kMaxTensorBytes, &nbytes)) {

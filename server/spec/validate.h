@@ -15,20 +15,16 @@
 
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/spec/limits.h"
 #include "server/spec/tensor_desc.h"
 
 namespace materializer::spec {
 
-inline constexpr int kMaxRank = 16;
-inline constexpr size_t kMaxNameLength = 512;
-inline constexpr int kMaxTensors = 1000000;
-// numel and nbytes must stay below 2^63 (torch sizes are int64).
-inline constexpr uint64_t kMaxTensorBytes = (uint64_t{1} << 63) - 1;
-
-// Checks names (non-empty, printable, unique, well-formed components),
-// shapes (rank, non-negative sizes, no 63-bit overflow of numel or bytes),
-// dtypes and ties (tie_to must name a tensor of the same shape and dtype,
-// without cycles; chains resolve to their root in tie_root). Returns the
+// Checks that the model has tensors, names (non-empty, printable ASCII
+// without spaces, quotes or backslashes, unique, well-formed components),
+// shapes (rank, non-negative sizes, no 63-bit overflow of numel, bytes or
+// strides), dtypes and ties (tie_to must name a tensor of the same shape and
+// dtype, without cycles; chains resolve to their root in tie_root). Returns the
 // tensors in request order.
 absl::StatusOr<std::vector<TensorDesc>> ValidateTensors(
     const v1::ModelSpec& model);

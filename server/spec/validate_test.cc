@@ -167,8 +167,55 @@ TEST(ValidateTensorsTest, NonPersistentParameterIsRejected) {
                        HasSubstr("only meaningful for buffers")));
 }
 
-TEST(ValidateTensorsTest, EmptyModelIsValid) {
-  EXPECT_THAT(ValidateText(""), IsOk());
+// A handle holds at least one tensor: a model without tensors is refused
+// (Plan and Materialize alike) rather than materialized as an empty handle.
+TEST(ValidateTensorsTest, EmptyModelIsRefused) {
+  EXPECT_THAT(ValidateText(""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.tensors: the model has no tensors")));
+}
+
+// torch computes stride[d] as the product of the later sizes, each at least
+// 1: a shape without elements can still have strides past int64, which the
+// meta tensor would refuse with an internal error.
+TEST(ValidateTensorsTest, StridesMustFitEvenWithoutElements) {
+  EXPECT_THAT(ValidateText(R"pb(tensors {
+                                  name: "w"
+                                  shape: [ 0, 4294967296, 4294967296 ]
+                                  dtype: "float32"
+                                })pb"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("model.tensors[0] (\"w\")"),
+                             HasSubstr("strides of more than 2^63-1"))));
+  // The largest strides that fit.
+  EXPECT_THAT(ValidateText(R"pb(tensors {
+                                  name: "w"
+                                  shape: [ 0, 2147483648, 4294967295 ]
+                                  dtype: "float32"
+                                })pb"),
+              IsOk());
+  EXPECT_THAT(ValidateText(R"pb(tensors {
+                                  name: "w"
+                                  shape: [ 4294967296, 0, 4294967296 ]
+                                  dtype: "int8"
+                                })pb"),
+              IsOk());
+}
+
+// The proto documents it: printable ASCII without spaces, quotes or
+// backslashes (names appear quoted in messages and in file headers).
+TEST(ValidateTensorsTest, NamesWithQuotesOrBackslashesAreRefused) {
+  for (const char* name : {"a\"b", "a\\b", "a b"}) {
+    v1::ModelSpec model;
+    v1::TensorSpec* t = model.add_tensors();
+    t->set_name(name);
+    t->set_dtype("float32");
+    EXPECT_THAT(ValidateTensors(model),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("printable ASCII without spaces, quotes or "
+                                   "backslashes")))
+        << name;
+  }
 }
 
 }  // namespace

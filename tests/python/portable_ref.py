@@ -512,3 +512,46 @@ def fill(seed, name, dtype, dist, params, shape, box=None, stream=0):
     if dtype == "float32":
         return values
     return round_to_narrow(values, dtype)
+
+
+# ------------------------------------------------------------ init steps --
+
+BITS_DTYPE = {"float32": np.float32, "float64": np.float64,
+              "bfloat16": np.uint16, "float16": np.uint16,
+              "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
+def fill_steps(seed, name, dtype, shape, steps, box=None):
+    """A tensor's stored bits after its init steps (docs/portable-rng.md,
+    "Init steps"), for the whole tensor or `box`, box row-major, flat.
+
+    `steps` are dicts, in order: {"dist": ..., "params": ...} for a
+    distribution of `fill` (constant, uniform, normal, trunc_normal), or
+    {"bits": array} for literal values (the region's stored bits,
+    row-major); each may have "region": (offset, length), the box of the
+    full tensor it fills (none: the whole tensor). Step k fills its region
+    as a tensor of its own shape, from stream k of the tensor's key; the
+    part of it that `box` holds is written, later steps over earlier ones.
+    """
+    shape = tuple(int(s) for s in shape)
+    whole = ((0,) * len(shape), shape)
+    offset, length = box if box is not None else whole
+    out = np.zeros(tuple(length), dtype=BITS_DTYPE[dtype])
+    for k, step in enumerate(steps):
+        r_offset, r_length = step.get("region") or whole
+        lo = [max(b, r) for b, r in zip(offset, r_offset)]
+        hi = [min(b + bl, r + rl) for b, bl, r, rl
+              in zip(offset, length, r_offset, r_length)]
+        if any(h <= l for l, h in zip(lo, hi)):
+            continue  # this box holds none of the step's region
+        part_len = tuple(h - l for l, h in zip(lo, hi))
+        in_region = (tuple(l - r for l, r in zip(lo, r_offset)), part_len)
+        if "bits" in step:
+            bits = np.asarray(step["bits"]).reshape(tuple(r_length))
+            part = bits[tuple(slice(o, o + n) for o, n in zip(*in_region))]
+        else:
+            part = fill(seed, name, dtype, step["dist"], step["params"],
+                        r_length, in_region, stream=k).reshape(part_len)
+        out[tuple(slice(l - b, h - b)
+                  for l, h, b in zip(lo, hi, offset))] = part
+    return out.reshape(-1)

@@ -38,6 +38,27 @@ int64_t NumElements(const Box& box) {
   return n;
 }
 
+Box Intersect(const Box& a, const Box& b) {
+  Box out;
+  const size_t rank = a.offset.size();
+  out.offset.resize(rank);
+  out.length.resize(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t begin = std::max(a.offset[d], b.offset[d]);
+    const int64_t end =
+        std::min(a.offset[d] + a.length[d], b.offset[d] + b.length[d]);
+    out.offset[d] = begin;
+    out.length[d] = std::max<int64_t>(0, end - begin);
+  }
+  return out;
+}
+
+Box Relative(const Box& box, absl::Span<const int64_t> origin) {
+  Box out = box;
+  for (size_t d = 0; d < out.offset.size(); ++d) out.offset[d] -= origin[d];
+  return out;
+}
+
 absl::StatusOr<Box> ShardBox(absl::Span<const int64_t> shape,
                              absl::Span<const ShardSpec> shards) {
   Box box = FullBox(shape);

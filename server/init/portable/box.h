@@ -39,6 +39,14 @@ absl::Status ValidateBox(absl::Span<const int64_t> shape, const Box& box);
 // Product of the lengths (1 for a rank-0 box).
 int64_t NumElements(const Box& box);
 
+// The part two boxes of the same rank share, in the same coordinates;
+// lengths are 0 where they do not meet (offsets are then meaningless).
+Box Intersect(const Box& a, const Box& b);
+
+// `box` in the coordinates of a box that starts at `origin`: offsets
+// minus origin (both of the same rank).
+Box Relative(const Box& box, absl::Span<const int64_t> origin);
+
 // Split `count` ways along `dim`, take piece `index`: the convenience form
 // of a box. The split is torch.chunk's (and so DTensor's Shard(dim)'s):
 // every piece has ceil(size / count) elements along dim, the last one

@@ -31,6 +31,24 @@ std::vector<int64_t> ChunkLengths(int64_t size, int64_t count) {
   return lengths;
 }
 
+TEST(BoxTest, IntersectAndRelative) {
+  const Box rows{{2, 0}, {4, 8}};    // rows 2..5 of an (8, 8) tensor
+  const Box region{{5, 3}, {3, 2}};  // rows 5..7, columns 3..4
+  const Box both = Intersect(rows, region);
+  EXPECT_THAT(both.offset, ElementsAre(5, 3));
+  EXPECT_THAT(both.length, ElementsAre(1, 2));
+  EXPECT_EQ(NumElements(both), 2);
+  const Box in_region = Relative(both, region.offset);
+  EXPECT_THAT(in_region.offset, ElementsAre(0, 0));
+  const Box in_rows = Relative(both, rows.offset);
+  EXPECT_THAT(in_rows.offset, ElementsAre(3, 3));
+  // Disjoint, and touching at an edge: nothing shared.
+  EXPECT_EQ(NumElements(Intersect(Box{{0}, {3}}, Box{{5}, {2}})), 0);
+  EXPECT_EQ(NumElements(Intersect(Box{{0}, {3}}, Box{{3}, {2}})), 0);
+  // Rank 0: the one element.
+  EXPECT_EQ(NumElements(Intersect(Box{}, Box{})), 1);
+}
+
 TEST(ShardBoxTest, SplitsLikeTorchChunk) {
   EXPECT_THAT(ChunkLengths(10, 4), ElementsAre(3, 3, 3, 1));
   EXPECT_THAT(ChunkLengths(12, 4), ElementsAre(3, 3, 3, 3));

@@ -12,13 +12,15 @@
 #include "server/init/portable/generate.h"
 #include "server/init/portable/host_math.h"
 #include "server/init/seed.h"
+#include "server/spec/limits.h"
 
 namespace materializer::init::portable {
 namespace {
 
 constexpr double kSqrt2 = 0x1.6a09e667f3bcdp+0;
 constexpr double kInvSqrt2 = 0x1.6a09e667f3bcdp-1;
-constexpr int64_t kMaxElements = int64_t{1} << 62;
+constexpr int64_t kMaxElements =
+    static_cast<int64_t>(spec::kMaxPortableElements);
 constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
 
 std::optional<Format> FormatOf(spec::DType dtype) {
