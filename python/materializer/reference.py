@@ -1,9 +1,10 @@
 """The service's torch-mode init, in this process (docs/init.md).
 
 `init_tensor(t, steps, seed, name)` writes what a server in RNG_MODE_TORCH
-writes into a tensor with those steps: one generator per tensor, seeded
-with derive_seed(seed, name), used by its steps in order, each step the
-torch.nn.init call of its scheme on the step's region. Tests compare
+writes into a tensor with those steps (docs/init.md, "Init steps"): one
+generator per tensor, seeded with derive_seed(seed, name), used by its
+steps in order, each step the torch.nn.init call of its scheme on the
+view of the step's region. Tests compare
 materialized bytes with it, and the benchmark uses it as the in-process
 baseline ("to_empty + the same init").
 """
@@ -90,7 +91,8 @@ def apply_scheme(t, scheme, g):
     elif k == "dirac":
         init.dirac_(t, p.get("groups", 1))
     elif k == "sparse":
-        torch.manual_seed(g.initial_seed())
+        # Its permutations come from the global generator, which
+        # init_tensor seeds once per tensor (docs/init.md).
         init.sparse_(t, p["sparsity"], p.get("std", 0.01), generator=g)
     elif k == "arange":
         n = t.numel()
@@ -113,7 +115,10 @@ def apply_scheme(t, scheme, g):
 def init_tensor(t, steps, seed, name):
     """Writes `steps` (capture Steps) into `t` as the service does in
     torch mode."""
-    g = torch.Generator(device=t.device).manual_seed(derive_seed(seed, name))
+    d = derive_seed(seed, name)
+    g = torch.Generator(device=t.device).manual_seed(d)
+    if any(s.scheme.kind == "sparse" for s in steps):
+        torch.manual_seed(d)
     with torch.no_grad():
         for step in steps:
             apply_scheme(regions.slice_of(t, step.region), step.scheme, g)

@@ -170,7 +170,7 @@ def test_errors_carry_the_status_and_the_servers_message(srv):
         with pytest.raises(mz.RpcError) as e:
             client.materialize(bad.to_proto())
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert "w.table" in e.value.message
+        assert '("w.table")' in e.value.message and "values.data has 60 bytes" in e.value.message
         # A region out of bounds names the tensor.
         bad = Spec([TensorDesc("w.rows", [4, 4], torch.float32,
                                steps=[Step(mz.init.zeros(), None),
@@ -178,7 +178,7 @@ def test_errors_carry_the_status_and_the_servers_message(srv):
         with pytest.raises(mz.RpcError) as e:
             client.materialize(bad.to_proto())
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert "w.rows" in e.value.message
+        assert '("w.rows").init_steps[1]' in e.value.message and "region[0]" in e.value.message
     srv.assert_idle()
 
 

@@ -38,9 +38,12 @@ from materializer.errors import CaptureError
 # whose values are computed on the CPU while recording).
 COMPUTE_LIMIT = 1 << 24
 # Literal values one tensor may carry to the server (bytes), and a whole
-# spec. Larger computed values need a scheme or an override.
+# spec (the server's limit per request, docs/api.md). Larger computed
+# values need a scheme or an override.
 MAX_LITERAL_BYTES = 64 << 20
-MAX_TOTAL_LITERAL_BYTES = 192 << 20
+MAX_TOTAL_LITERAL_BYTES = 128 << 20
+# Init steps the server takes per tensor (docs/api.md).
+MAX_STEPS = 1024
 
 
 class InitHook:
@@ -321,6 +324,9 @@ def _spec(model, groups, by_key, seed, rng, max_literal, max_total):
         elif steps[0].region is not None:
             problems.append(f"{where}: only part of it is initialized "
                             f"(region {list(steps[0].region)}); nothing writes the rest")
+        if len(steps) > MAX_STEPS:
+            problems.append(f"{where}: its init is {len(steps):,} steps, more than the "
+                            f"{MAX_STEPS:,} a tensor may have")
         for s in steps:
             if s.known and s.scheme.kind == "values":
                 n = s.scheme.params["data"].numel() * entry.dtype.itemsize
