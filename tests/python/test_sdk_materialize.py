@@ -247,3 +247,17 @@ def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
     while srv.stats().handles and time.monotonic() < deadline:
         time.sleep(0.1)
     srv.assert_idle()
+
+
+def test_portable_init_steps_equal_the_numpy_reference(srv):
+    """Step 0 of a portable init is the plain init (docs/init.md): the
+    padded embedding is the reference's normal draw with its padding row
+    zeroed."""
+    with mz.meta_device():
+        model = PaddedModel()
+    mz.materialize(model, server=srv.address, seed=21, transport="stream")
+    want = matutil.portable_reference([40, 32], "float32", "normal",
+                                      {"mean": 0.0, "std": 1.0}, 21, "tok.weight")
+    want[3] = 0
+    assert matutil.same_bits(model.tok.weight.detach(), want)
+    srv.assert_idle()
