@@ -208,11 +208,12 @@ def test_deadline_and_wait_for_a_server_that_starts_later(tmp_path):
 
 
 TRAINER = textwrap.dedent("""
-    import os, sys, time
+    import faulthandler, os, signal, sys, time
     import torch, torch.nn as nn
     import materializer as mz
     from materializer.load import stream
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks, if it hangs
     slow = stream._Sink.write
     def write(self, offset, data):
         if offset == 0:
@@ -237,7 +238,14 @@ def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
     assert proc.stdout.readline().strip() == "loading"
     assert srv.stats().handles == 1
     proc.send_signal(how)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the trainer did not exit after {how!r}; its threads:\n{err[-6000:]}")
     assert "done" not in out
     if how == signal.SIGINT:
         assert "KeyboardInterrupt" in err
