@@ -198,6 +198,7 @@ def main():
           f"{args.threads} threads on both sides", file=sys.stderr)
 
     import materializer
+    load_before = os.getloadavg()[0]
     svc = bench_run.Service(args.server, args.proto, args.threads)
     client = materializer.Client(svc.address)
     results = []
@@ -259,7 +260,9 @@ def main():
             f"{platform.system()} {platform.release()}",
             f"- software: torch {torch.__version__}, Python {platform.python_version()}, "
             f"commit {bench_run.git_commit()}",
-            f"- threads: {args.threads} on both sides",
+            f"- threads: {args.threads} on both sides; 1-minute load average "
+            f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after (the machine is "
+            "shared: ratios within a run compare like with like, absolute times do not)",
             f"- server: `{' '.join(os.path.relpath(c, REPO) if os.path.isabs(c) else c for c in svc.cmd)}`",
             "",
             table,
