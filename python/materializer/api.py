@@ -8,6 +8,7 @@ then releases the handle.
 import ipaddress
 import logging
 import sys
+import threading
 import time
 
 import torch
@@ -119,12 +120,18 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
         client = Client(server)
     try:
         mode, where = _choose(client, transport, device, placement)
-        resp = client.materialize(spec.to_proto(), where, label=label,
-                                  exportable=(mode == "shm"))
+        # While the server materializes, get the destination memory ready
+        # (stream transport): allocated, huge pages, faulted in.
+        early = _Early(targets, device) if mode == "stream" and not targets.managed else None
+        try:
+            resp = client.materialize(spec.to_proto(), where, label=label,
+                                      exportable=(mode == "shm"))
+        finally:
+            dests = early.result() if early is not None else None
         t_mat = time.perf_counter()
         try:
             mode = _load(client, resp.handle, spec, targets, device, mode, transport,
-                         progress, verify, streams)
+                         progress, verify, streams, dests)
         except BaseException:
             _release(client, resp.handle, force=True)
             raise
@@ -168,7 +175,8 @@ def _choose(client, transport, device, placement):
     return "stream", placement
 
 
-def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams):
+def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams,
+          dests=None):
     if mode in ("shm", "ipc"):
         export = None
         try:
@@ -193,7 +201,11 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
                     client.close_export(export.export_id, handle=handle)
                 except RpcError as e:
                     log.warning("materializer: CloseExport %s: %s", export.export_id, e)
-    dests = targets.allocate(device)
+    if dests is None:
+        dests = targets.allocate(device)
+        installed = True
+    else:
+        installed = False
     bar = _progress(progress, spec.nbytes, "materializer")
     try:
         load_stream(client, handle, spec, dests, device=device, progress=bar, verify=verify,
@@ -201,7 +213,31 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
     finally:
         if bar is not None:
             bar.close()
+    if not installed:
+        targets.install(dests)   # only once every byte arrived: else the module stays meta
     return "stream"
+
+
+class _Early:
+    """Allocates and prepares the destination tensors on a thread."""
+
+    def __init__(self, targets, device):
+        self._box = {}
+
+        def run():
+            try:
+                self._box["dests"] = targets.new_tensors(device, prepare=True)
+            except BaseException as e:  # noqa: BLE001 - result() re-raises
+                self._box["error"] = e
+
+        self._thread = threading.Thread(target=run, name="materializer-alloc", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["dests"]
 
 
 def _release(client, handle, force):

@@ -22,6 +22,7 @@ import torch
 
 from materializer.capture.walk import walk
 from materializer.errors import LoadError
+from materializer.load import memory
 
 
 def _is_fsdp(model):
@@ -68,13 +69,26 @@ class Targets:
                                 "which needs every tensor on the meta device")
             self.model.to_empty(device=device)
             return self._current()
+        dests = self.new_tensors(device)
+        self.install(dests)
+        return dests
+
+    def new_tensors(self, device, prepare=False):
+        """{root name: a new uninitialized tensor of its local shape} on
+        `device`, not yet in the module (install() puts them there). With
+        prepare, CPU memory gets huge pages and is faulted in."""
         out = {}
-        for name, g in self.groups.items():
+        for name in self.groups:
             desc = self.spec[name]
-            local = torch.empty(desc.local_shape, dtype=desc.dtype, device=device)
-            self._install(g, local)
-            out[name] = local
+            out[name] = torch.empty(desc.local_shape, dtype=desc.dtype, device=device)
+            if prepare:
+                memory.prepare(out[name])
         return out
+
+    def install(self, dests):
+        """Puts `dests` (from new_tensors) into the module, in place."""
+        for name, g in self.groups.items():
+            self._install(g, dests[name])
 
     def adopt(self, views):
         """Points the module at `views` ({root name: tensor holding the
