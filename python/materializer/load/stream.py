@@ -2,8 +2,9 @@
 
 The handle is fetched in the raw format (tensor bytes back to back, each
 at a 64-byte boundary, in the handle's order: docs/delivery.md), whose
-layout follows from the spec, so no DescribeFile is needed (and the server
-computes no digests); the stream's total size checks it. Each chunk is
+layout follows from the spec, so no DescribeFile is needed (which would
+cost the server a pass over the handle for per-tensor digests); the
+stream's total size checks it. Each chunk is
 copied straight into the destination tensors' storage: no per-tensor
 buffer, no file, no second copy of the model. CUDA destinations receive
 through pinned staging buffers (a ring of them, host-to-device copies
