@@ -8,7 +8,6 @@ then releases the handle.
 import ipaddress
 import logging
 import sys
-import threading
 import time
 
 import torch
@@ -120,18 +119,12 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
         client = Client(server)
     try:
         mode, where = _choose(client, transport, device, placement)
-        # While the server materializes, get the destination memory ready
-        # (stream transport): allocated, huge pages, faulted in.
-        early = _Early(targets, device) if mode == "stream" and not targets.managed else None
-        try:
-            resp = client.materialize(spec.to_proto(), where, label=label,
-                                      exportable=(mode == "shm"))
-        finally:
-            dests = early.result() if early is not None else None
+        resp = client.materialize(spec.to_proto(), where, label=label,
+                                  exportable=(mode == "shm"))
         t_mat = time.perf_counter()
         try:
             mode = _load(client, resp.handle, spec, targets, device, mode, transport,
-                         progress, verify, streams, dests)
+                         progress, verify, streams)
         except BaseException:
             _release(client, resp.handle, force=True)
             raise
@@ -175,8 +168,7 @@ def _choose(client, transport, device, placement):
     return "stream", placement
 
 
-def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams,
-          dests=None):
+def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams):
     if mode in ("shm", "ipc"):
         export = None
         try:
@@ -201,11 +193,9 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
                     client.close_export(export.export_id, handle=handle)
                 except RpcError as e:
                     log.warning("materializer: CloseExport %s: %s", export.export_id, e)
-    if dests is None:
-        dests = targets.allocate(device)
-        installed = True
-    else:
-        installed = False
+    # The tensors go into the module only once every byte arrived: a failed
+    # load leaves it on the meta device (FSDP2 allocates its own, in place).
+    dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
     bar = _progress(progress, spec.nbytes, "materializer")
     try:
         load_stream(client, handle, spec, dests, device=device, progress=bar, verify=verify,
@@ -213,31 +203,9 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
     finally:
         if bar is not None:
             bar.close()
-    if not installed:
-        targets.install(dests)   # only once every byte arrived: else the module stays meta
+    if not targets.managed:
+        targets.install(dests)
     return "stream"
-
-
-class _Early:
-    """Allocates and prepares the destination tensors on a thread."""
-
-    def __init__(self, targets, device):
-        self._box = {}
-
-        def run():
-            try:
-                self._box["dests"] = targets.new_tensors(device, prepare=True)
-            except BaseException as e:  # noqa: BLE001 - result() re-raises
-                self._box["error"] = e
-
-        self._thread = threading.Thread(target=run, name="materializer-alloc", daemon=True)
-        self._thread.start()
-
-    def result(self):
-        self._thread.join()
-        if "error" in self._box:
-            raise self._box["error"]
-        return self._box["dests"]
 
 
 def _release(client, handle, force):

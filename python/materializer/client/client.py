@@ -173,8 +173,8 @@ class Client:
         while True:
             left = deadline - time.monotonic()
             try:
-                return fn(request, metadata=md, timeout=max(left, 0.001),
-                          wait_for_ready=True)
+                return _wait(fn.future(request, metadata=md, timeout=max(left, 0.001),
+                                       wait_for_ready=True))
             except grpc.RpcError as e:
                 code = e.code()
                 if (idempotent and code in _RETRY_CODES and attempt < self.retries
@@ -238,11 +238,12 @@ class Client:
                           handle=handle, idempotent=False, timeout=timeout)
 
     def fetch(self, handle, *, offset=0, timeout=None, lane=0, **fields):
-        """The chunks of a FetchWeights stream (Chunk objects whose `data`
-        views the received message; copy it before the next one if you keep
-        it). Resumes from the next offset after UNAVAILABLE, up to `retries`
-        times. `timeout` bounds the whole stream (default: none). `lane`:
-        streams on different lanes use different connections."""
+        """A FetchStream: iterate it for the chunks of a FetchWeights stream
+        (Chunk objects whose `data` views the received message; copy it
+        before the next one if you keep it); cancel() stops it from another
+        thread. Resumes from the next offset after UNAVAILABLE, up to
+        `retries` times. `timeout` bounds the whole stream (default: none).
+        `lane`: streams on different lanes use different connections."""
         target = self._target(handle)
         with self._lock:
             fetcher = self._fetchers.get((target, lane))
@@ -253,27 +254,8 @@ class Client:
                 response_deserializer=None)
             with self._lock:
                 self._fetchers[(target, lane)] = fetcher
-        md = self._conn.metadata()
-        attempt = 0
-        next_offset = offset
-        while True:
-            req = pb.FetchRequest(handle=handle, offset=next_offset, **fields)
-            call = fetcher(req, metadata=md, timeout=timeout, wait_for_ready=True)
-            try:
-                for raw in call:
-                    chunk = parse_chunk(raw)
-                    next_offset = chunk.offset + len(chunk.data)
-                    yield chunk
-                return
-            except grpc.RpcError as e:
-                if e.code() in _RETRY_CODES and attempt < self.retries:
-                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
-                    attempt += 1
-                    continue
-                raise RpcError("FetchWeights", e.code(), e.details() or "",
-                               target) from None
-            finally:
-                call.cancel()
+        return FetchStream(fetcher, handle, offset, fields, self._conn.metadata(), timeout,
+                           self.retries, target)
 
     def close(self):
         with self._lock:
@@ -291,6 +273,74 @@ class Client:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _wait(future):
+    """The result of a call, waited for in our own code: a Ctrl-C lands
+    here (and cancels the call, so the server stops and rolls back) rather
+    than inside gRPC's locks, where an interrupted thread could leave one
+    held and hang the process on its way out."""
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    try:
+        done.wait()
+    except BaseException:
+        future.cancel()
+        raise
+    return future.result()
+
+
+class FetchStream:
+    """The chunks of one FetchWeights stream (see Client.fetch). Iterate it
+    in one thread; cancel() from any thread."""
+
+    def __init__(self, fetcher, handle, offset, fields, metadata, timeout, retries, target):
+        self._fetcher = fetcher
+        self._handle = handle
+        self._offset = offset
+        self._fields = fields
+        self._md = metadata
+        self._timeout = timeout
+        self._retries = retries
+        self._target = target
+        self._lock = threading.Lock()
+        self._call = None       # guarded by _lock
+        self._cancelled = False  # guarded by _lock
+
+    def cancel(self):
+        with self._lock:
+            self._cancelled = True
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def __iter__(self):
+        attempt = 0
+        next_offset = self._offset
+        while True:
+            req = pb.FetchRequest(handle=self._handle, offset=next_offset, **self._fields)
+            with self._lock:
+                if self._cancelled:
+                    raise RpcError("FetchWeights", grpc.StatusCode.CANCELLED,
+                                   "cancelled by the client", self._target)
+                call = self._call = self._fetcher(req, metadata=self._md, timeout=self._timeout,
+                                                  wait_for_ready=True)
+            try:
+                for raw in call:
+                    chunk = parse_chunk(raw)
+                    next_offset = chunk.offset + len(chunk.data)
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if (e.code() in _RETRY_CODES and attempt < self._retries
+                        and not self._cancelled):
+                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
+                    attempt += 1
+                    continue
+                raise RpcError("FetchWeights", e.code(), e.details() or "",
+                               self._target) from None
+            finally:
+                call.cancel()
 
 
 def _placement(placement):

@@ -146,36 +146,32 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
     object with update(n), or None. verify: hash the received bytes and
     compare with the stream's digest (XXH3-128). streams: parallel fetch
     streams, each on its own connection, each for a part of the tensors
-    (groups of about equal bytes). Returns the bytes received."""
+    (groups of about equal bytes). Returns the bytes received.
+
+    The streams run on worker threads; this thread only waits, so that a
+    Ctrl-C lands here, cancels them and propagates (never inside gRPC)."""
     if streams <= 1 or len(spec.roots) < 2:
         layout, total = raw_layout(spec)
-        return _fetch_into(client, handle, layout, total, fetch_fields(spec), dests,
-                           device, progress, verify, chunk_bytes, lane=0)
-    jobs = []
-    for lane, names in enumerate(partition(spec, streams)):
-        wanted = set(names)
-        sub = [t for t in spec.tensors if t.name in wanted]
-        layout, total = raw_layout(_Names(sub))
-        jobs.append((layout, total, fetch_fields(spec, names), lane))
-    results, errors = [0] * len(jobs), []
-
-    def run(i, job):
-        layout, total, fields, lane = job
-        try:
-            results[i] = _fetch_into(client, handle, layout, total, fields, dests, device,
-                                     progress, verify, chunk_bytes, lane)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i, job), name=f"materializer-fetch-{i}",
-                                daemon=True) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(results)
+        jobs = [(layout, total, fetch_fields(spec), 0)]
+    else:
+        jobs = []
+        for lane, names in enumerate(partition(spec, streams)):
+            wanted = set(names)
+            layout, total = raw_layout(_Names([t for t in spec.tensors if t.name in wanted]))
+            jobs.append((layout, total, fetch_fields(spec, names), lane))
+    loads = [_StreamLoad(client, handle, layout, total, fields, dests, device, progress,
+                         verify, chunk_bytes, lane)
+             for layout, total, fields, lane in jobs]
+    for load in loads:
+        load.start()
+    try:
+        for load in loads:
+            load.wait()
+    except BaseException:
+        for load in loads:
+            load.cancel()
+        raise
+    return sum(load.received for load in loads)
 
 
 class _Names:
@@ -185,68 +181,93 @@ class _Names:
         self.tensors = tensors
 
 
-def _fetch_into(client, handle, layout, total, fields, dests, device, progress, verify,
-                chunk_bytes, lane):
-    """One FetchWeights stream of a raw file with `layout` into `dests`.
+class _StreamLoad:
+    """One FetchWeights stream of a raw file with `layout` into `dests`, on
+    two threads: a receiver (gRPC; checks the framing) and a copier (copies
+    each chunk into place and hashes it), so that receiving the next chunk
+    overlaps copying the last (both release the GIL for the bytes). At most
+    QUEUE chunks wait in between."""
 
-    Two threads: this one receives (gRPC) and checks the framing, a second
-    one copies each chunk into place and hashes it, so that receiving the
-    next chunk overlaps copying the last (both release the GIL for the
-    bytes). At most QUEUE chunks wait in between."""
-    sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
-    hasher = None
-    if verify:
-        import xxhash
-        hasher = xxhash.xxh3_128()
-    work = queue.Queue(maxsize=QUEUE)
-    failed = []
+    def __init__(self, client, handle, layout, total, fields, dests, device, progress,
+                 verify, chunk_bytes, lane):
+        self.handle = handle
+        self.total = total
+        self.sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
+        self.stream = client.fetch(handle, chunk_bytes=chunk_bytes, lane=lane, **fields)
+        self.progress = progress
+        self.hasher = None
+        if verify:
+            import xxhash
+            self.hasher = xxhash.xxh3_128()
+        self.work = queue.Queue(maxsize=QUEUE)
+        self.errors = []
+        self.received = 0
+        self.digest = ""
+        self.done = threading.Event()
+        self.receiver = threading.Thread(target=self._receive, name="materializer-fetch",
+                                         daemon=True)
+        self.copier = threading.Thread(target=self._copy, name="materializer-load",
+                                       daemon=True)
 
-    def copier():
+    def start(self):
+        self.copier.start()
+        self.receiver.start()
+
+    def cancel(self):
+        self.errors.append(LoadError(f"handle {self.handle}: loading was cancelled"))
+        self.stream.cancel()
+
+    def wait(self):
+        """Waits for the end; raises what went wrong."""
+        self.done.wait()
+        if self.errors:
+            raise self.errors[0]
+        self.sink.finish()
+        if self.received != self.total:
+            raise LoadError(f"handle {self.handle}: the stream ended at {self.received} "
+                            f"of {self.total} bytes")
+        if self.hasher is not None and self.total:
+            mine = "xxh3-128:" + self.hasher.hexdigest()
+            if self.digest and mine != self.digest:
+                raise LoadError(f"handle {self.handle}: the received bytes hash to {mine}, "
+                                f"the server's file to {self.digest}")
+
+    def _receive(self):
+        try:
+            for chunk in self.stream:
+                if chunk.total_bytes != self.total:
+                    raise LoadError(f"handle {self.handle}: the raw file is {chunk.total_bytes} "
+                                    f"bytes, the spec's layout {self.total}; the handle does "
+                                    "not hold this spec")
+                if chunk.offset != self.received:
+                    raise LoadError(f"handle {self.handle}: chunk at {chunk.offset}, "
+                                    f"expected {self.received}")
+                if self.errors:
+                    break
+                self.work.put((chunk.offset, chunk.data))
+                self.received += len(chunk.data)
+                if chunk.digest:
+                    self.digest = chunk.digest
+        except BaseException as e:  # noqa: BLE001 - wait() raises it
+            self.errors.append(e)
+        finally:
+            self.work.put(None)
+            self.copier.join()
+            self.done.set()
+
+    def _copy(self):
         try:
             while True:
-                item = work.get()
+                item = self.work.get()
                 if item is None:
                     return
                 offset, data = item
-                sink.write(offset, data)
-                if hasher is not None:
-                    hasher.update(data)
-                if progress is not None:
-                    progress.update(len(data))
-        except BaseException as e:  # noqa: BLE001 - re-raised by the receiver
-            failed.append(e)
-            while work.get() is not None:   # drain so that the receiver never blocks
+                self.sink.write(offset, data)
+                if self.hasher is not None:
+                    self.hasher.update(data)
+                if self.progress is not None:
+                    self.progress.update(len(data))
+        except BaseException as e:  # noqa: BLE001 - wait() raises it
+            self.errors.append(e)
+            while self.work.get() is not None:   # drain: the receiver never blocks
                 pass
-
-    thread = threading.Thread(target=copier, name="materializer-load", daemon=True)
-    thread.start()
-    received = 0
-    digest = ""
-    try:
-        for chunk in client.fetch(handle, chunk_bytes=chunk_bytes, lane=lane, **fields):
-            if chunk.total_bytes != total:
-                raise LoadError(f"handle {handle}: the raw file is {chunk.total_bytes} "
-                                f"bytes, the spec's layout {total}; the handle does "
-                                "not hold this spec")
-            if chunk.offset != received:
-                raise LoadError(f"handle {handle}: chunk at {chunk.offset}, expected {received}")
-            if failed:
-                break
-            work.put((chunk.offset, chunk.data))
-            received += len(chunk.data)
-            if chunk.digest:
-                digest = chunk.digest
-    finally:
-        work.put(None)
-        thread.join()
-    if failed:
-        raise failed[0]
-    sink.finish()
-    if received != total:
-        raise LoadError(f"handle {handle}: the stream ended at {received} of {total} bytes")
-    if hasher is not None and total:
-        mine = "xxh3-128:" + hasher.hexdigest()
-        if digest and mine != digest:
-            raise LoadError(f"handle {handle}: the received bytes hash to {mine}, "
-                            f"the server's file to {digest}")
-    return received

@@ -22,7 +22,6 @@ import torch
 
 from materializer.capture.walk import walk
 from materializer.errors import LoadError
-from materializer.load import memory
 
 
 def _is_fsdp(model):
@@ -73,17 +72,12 @@ class Targets:
         self.install(dests)
         return dests
 
-    def new_tensors(self, device, prepare=False):
+    def new_tensors(self, device):
         """{root name: a new uninitialized tensor of its local shape} on
-        `device`, not yet in the module (install() puts them there). With
-        prepare, CPU memory gets huge pages and is faulted in."""
-        out = {}
-        for name in self.groups:
-            desc = self.spec[name]
-            out[name] = torch.empty(desc.local_shape, dtype=desc.dtype, device=device)
-            if prepare:
-                memory.prepare(out[name])
-        return out
+        `device`, not yet in the module (install() puts them there)."""
+        return {name: torch.empty(self.spec[name].local_shape, dtype=self.spec[name].dtype,
+                                  device=device)
+                for name in self.groups}
 
     def install(self, dests):
         """Puts `dests` (from new_tensors) into the module, in place."""
