@@ -145,7 +145,7 @@ def fetch_file(srv, handle, client=CLIENT, **kw):
 
 
 def digest_of(data):
-    from materializer_client import digest
+    from materializer import digest
     return digest.of_bytes(data)
 
 

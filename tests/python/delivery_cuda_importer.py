@@ -12,7 +12,7 @@ sys.path.insert(0, os.environ["MATERIALIZER_PY_PROTO"])
 
 import torch  # noqa: E402
 from materializer.v1 import materializer_pb2  # noqa: E402
-from materializer_client import digest  # noqa: E402
+from materializer import digest  # noqa: E402
 
 def main():
     export = materializer_pb2.ExportResponse()

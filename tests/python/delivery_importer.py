@@ -2,7 +2,7 @@
 
     python delivery_importer.py EXPORT.pb
 
-Maps the export with materializer_client.shm, prints one JSON line (each
+Maps the export with materializer.shm, prints one JSON line (each
 tensor's digest, whether every tensor is a view into the mapping, the
 process's anonymous and shared resident memory before and after reading
 every byte), then waits for a line on stdin, reads the bytes again and
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"
 sys.path.insert(0, os.environ["MATERIALIZER_PY_PROTO"])
 
 from materializer.v1 import materializer_pb2  # noqa: E402
-from materializer_client import digest, shm  # noqa: E402
+from materializer import digest, shm  # noqa: E402
 
 
 def rss():

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__)))), "python"))
-from materializer_client import digest  # noqa: E402
+from materializer import digest  # noqa: E402
 
 CLIENT = "delivery-test"
 SAFETENSORS, TORCH, RAW = 1, 2, 3

@@ -14,7 +14,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
-from materializer_client import digest, shm  # noqa: E402
+from materializer import digest, shm  # noqa: E402
 
 import serverproc  # noqa: E402
 

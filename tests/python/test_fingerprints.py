@@ -15,7 +15,7 @@ import matutil as m
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__)))), "python"))
-from materializer_client import fingerprint as client_fp  # noqa: E402
+from materializer import fingerprint as client_fp  # noqa: E402
 
 SEED = 77
 MASK = (1 << 64) - 1

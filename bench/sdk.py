@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Trainer SDK: time until the trainer's module holds initialized weights.
+
+For each model (Hugging Face GPT-2 small, and the llama-1b example's
+shapes as a LlamaForCausalLM: TinyLlama-1.1B, float32), built on the meta
+device before the clock starts, one run alternates N timed repetitions
+(after a warm-up) of
+
+  in-process   model.to_empty(device="cpu"), then the model's own init
+               (Hugging Face's init_weights(): every _init_weights, then the
+               ties), in this process;
+  shm          materializer.materialize(model, transport="shm"): describe,
+               Materialize on the server, ExportHandle, the module's tensors
+               become views of the shared memory, Release;
+  stream       materializer.materialize(model, transport="stream"): the same
+               with the weights streamed into the module's tensors (raw
+               format, one copy from each chunk into place, XXH3 checked);
+  stream x2    the same over two parallel streams (two connections);
+  new user     (GPT-2 only) what a trainer without the SDK does: Materialize a
+               request, FetchWeights into memory with grpcio, safetensors.torch
+               .load, load_state_dict(assign=True);
+
+and a raw TCP stream over loopback of the same number of bytes into a
+preallocated buffer (sendall / recv_into), the ceiling for the stream.
+The service paths use the service's default RNG mode (portable; --rng torch
+for torch mode); the in-process path draws with torch's generator. Both
+sides use the same thread count (torch.set_num_threads here;
+OMP_NUM_THREADS, MKL_NUM_THREADS and --workers for the server).
+
+    .venv/bin/python bench/sdk.py            # print the tables
+    .venv/bin/python bench/sdk.py --write    # ... and update bench/RESULTS.md
+"""
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import re
+import shlex
+import socket
+import sys
+import threading
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import run as bench_run  # noqa: E402  (Service, machine, git_commit, write_results)
+
+MODELS = ("gpt2-small", "llama-1b")
+
+
+def build(model_name):
+    import transformers
+    from materializer import hf
+    if model_name == "gpt2-small":
+        config = transformers.GPT2Config()
+        auto = "AutoModelForCausalLM"
+    else:
+        config = transformers.LlamaConfig(
+            hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+            num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+            max_position_embeddings=2048, tie_word_embeddings=False)
+        auto = "AutoModelForCausalLM"
+    return hf.from_config(config, auto)
+
+
+def rss_peak_reset():
+    """Resets this process's peak RSS (VmHWM) and returns the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status("VmRSS")
+
+
+def _status(key):
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def in_process(model):
+    t0 = time.perf_counter()
+    model.to_empty(device="cpu")
+    model.init_weights()
+    return time.perf_counter() - t0, {}
+
+
+def service(model, client, transport, rng, seed, streams=1):
+    import materializer
+    t0 = time.perf_counter()
+    r = materializer.materialize(model, client=client, transport=transport, rng=rng,
+                                 seed=seed, progress=False, streams=streams)
+    wall = time.perf_counter() - t0
+    assert r.transport == transport, r.transport
+    return wall, dict(r.seconds)
+
+
+def new_user(model, client, rng, seed):
+    """Materialize + FetchWeights (safetensors, into memory, grpcio's own
+    message parsing) + safetensors.torch.load + load_state_dict(assign)."""
+    import materializer
+    import safetensors.torch
+    from materializer._proto import pb
+    from materializer.v1 import materializer_pb2_grpc as pb_grpc
+    spec = materializer.describe(model, seed=seed, rng=rng)   # the hand-written JSON
+    t0 = time.perf_counter()
+    stub = pb_grpc.MaterializerStub(client._conn.channel(client.address))
+    resp = stub.Materialize(pb.MaterializeRequest(model=spec.to_proto()), timeout=3600)
+    parts = [c.data for c in stub.FetchWeights(pb.FetchRequest(handle=resp.handle), timeout=3600)]
+    blob = b"".join(parts)
+    del parts
+    state = safetensors.torch.load(blob)
+    del blob
+    model.load_state_dict(state, strict=False, assign=True)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    wall = time.perf_counter() - t0
+    stub.Release(pb.ReleaseRequest(handle=resp.handle), timeout=600)
+    return wall, {}
+
+
+def raw_tcp(nbytes, chunk=4 << 20):
+    """Seconds to stream nbytes over loopback into a preallocated buffer."""
+    src = bytearray(min(nbytes, 64 << 20))
+    dst = bytearray(nbytes)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def send():
+        s, _ = listener.accept()
+        left = nbytes
+        mv = memoryview(src)
+        while left:
+            n = min(left, len(src))
+            s.sendall(mv[:n])
+            left -= n
+        s.close()
+
+    th = threading.Thread(target=send)
+    th.start()
+    c = socket.create_connection(listener.getsockname())
+    view = memoryview(dst)
+    got = 0
+    t0 = time.perf_counter()
+    while got < nbytes:
+        n = c.recv_into(view[got:got + chunk])
+        if not n:
+            break
+        got += n
+    wall = time.perf_counter() - t0
+    th.join()
+    c.close()
+    listener.close()
+    assert got == nbytes
+    return wall
+
+
+def fmt_ms(s):
+    return bench_run.ms(s)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rng", default="portable", choices=["portable", "torch"],
+                    help="RNG mode of the service paths (default: the service's default)")
+    ap.add_argument("--new-user", default="gpt2-small",
+                    help="models to also time the path without the SDK for (comma list)")
+    ap.add_argument("--server", default=os.environ.get(
+        "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd")))
+    ap.add_argument("--proto", default=os.environ.get(
+        "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    models = args.models.split(",")
+    unknown = set(models) - set(MODELS)
+    if unknown:
+        ap.error(f"unknown model(s): {', '.join(sorted(unknown))}")
+    os.environ["MATERIALIZER_PY_PROTO"] = args.proto
+    command = " ".join([".venv/bin/python", "bench/sdk.py"] + [shlex.quote(a) for a in sys.argv[1:]])
+    torch.set_num_threads(args.threads)
+    mach = bench_run.machine()
+    print(f"# {mach['cpu']}, {mach['cores']} cores, {mach['ram']}; torch {torch.__version__}, "
+          f"{args.threads} threads on both sides", file=sys.stderr)
+
+    import materializer
+    load_before = os.getloadavg()[0]
+    svc = bench_run.Service(args.server, args.proto, args.threads)
+    client = materializer.Client(svc.address)
+    results = []
+    try:
+        for name in models:
+            rng = args.rng
+            paths = ["in-process", "shm", "stream", "stream x2"] + (
+                ["new user"] if name in args.new_user.split(",") else [])
+            times = {p: [] for p in paths}
+            phases = {p: [] for p in paths}
+            peaks = {p: [] for p in paths}
+            nbytes = None
+            tcp = []
+            for i in range(args.warmup + args.reps):
+                timed = i >= args.warmup
+                for p in paths:
+                    model = build(name)
+                    if nbytes is None:
+                        nbytes = materializer.describe(model, rng=rng).nbytes
+                    gc.collect()
+                    base = rss_peak_reset()
+                    if p == "in-process":
+                        wall, ph = in_process(model)
+                    elif p == "new user":
+                        wall, ph = new_user(model, client, rng, 0)
+                    elif p == "stream x2":
+                        wall, ph = service(model, client, "stream", rng, 0, streams=2)
+                    else:
+                        wall, ph = service(model, client, p, rng, 0)
+                    peak = _status("VmHWM") - base
+                    del model
+                    gc.collect()
+                    print(f"{name} {'rep' if timed else 'warm-up'} {i + 1}: {p} {wall:.3f} s, "
+                          f"peak +{peak / 1e9:.2f} GB", file=sys.stderr)
+                    if timed:
+                        times[p].append(wall)
+                        phases[p].append(ph)
+                        peaks[p].append(peak)
+                if timed:   # in every repetition, next to the stream paths
+                    tcp.append(raw_tcp(nbytes))
+            results.append({"model": name, "rng": rng, "bytes": nbytes, "times": times,
+                            "phases": phases, "peaks": peaks, "tcp": tcp})
+        client.close()
+        svc.check_idle()
+    finally:
+        svc.stop()
+
+    table = tables(results, args.reps)
+    print(table)
+    if args.write:
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        key = re.sub(r"[^a-z0-9]+", "-", f"{mach['cpu']} {mach['cores']}c".lower()).strip("-")
+        body = "\n".join([
+            f"## Trainer SDK: {mach['cpu']}, {mach['cores']} cores, {mach['ram']}",
+            "",
+            f"- command: `{command}` (or `./dev bench sdk --write`)",
+            f"- date: {date}",
+            f"- machine: {mach['cpu']} ({mach['cores']} cores), {mach['ram']}, "
+            f"{platform.system()} {platform.release()}",
+            f"- software: torch {torch.__version__}, Python {platform.python_version()}, "
+            f"commit {bench_run.git_commit()}",
+            f"- threads: {args.threads} on both sides; 1-minute load average "
+            f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after (the machine is "
+            "shared: ratios within a run compare like with like, absolute times do not)",
+            f"- server: `{' '.join(os.path.relpath(c, REPO) if os.path.isabs(c) else c for c in svc.cmd)}`",
+            "",
+            table,
+        ])
+        bench_run.write_results(key, body, mark="bench/sdk.py")
+        print(f"updated {os.path.relpath(bench_run.RESULTS)}", file=sys.stderr)
+
+
+def tables(results, reps):
+    med, spread = bench_run.med, bench_run.spread
+    out = [f"Time until the trainer's module holds initialized weights, from the model "
+           f"built on the meta device. Median of {reps} repetitions (min–max), "
+           "milliseconds; ratio = path / in-process (< 1: faster than doing it in "
+           "this process). Peak = growth of this process's peak RSS during the path.", "",
+           "| model | rng | bytes | path | time | ratio | describe / materialize / load | peak RSS |",
+           "|---|---|---:|---|---:|---:|---|---:|"]
+    for r in results:
+        base = med(r["times"]["in-process"])
+        for p, ts in r["times"].items():
+            ph = r["phases"][p]
+            parts = "–"
+            if ph and ph[0]:
+                parts = " / ".join(fmt_ms(med([x[k] for x in ph])) for k in ("describe", "materialize", "load"))
+            out.append(f"| {r['model']} | {r['rng']} | {r['bytes'] / 1e9:.2f} GB | {p} "
+                       f"| {spread(ts)} | **{med(ts) / base:.2f}** | {parts} "
+                       f"| {med(r['peaks'][p]) / 1e9:.2f} GB |")
+    out.append("")
+    out.append("Stream throughput: the tensor bytes over the stream path's load phase "
+               "(fetch, copy into the module, XXH3 check), next to a raw TCP stream of "
+               "the same bytes over loopback into a preallocated buffer (sendall / "
+               "recv_into), measured in every repetition next to the paths above; "
+               "medians.")
+    out.append("")
+    out.append("| model | path | stream load | raw TCP | stream / raw TCP |")
+    out.append("|---|---|---:|---:|---:|")
+    for r in results:
+        tcp = med(r["tcp"])
+        for p in ("stream", "stream x2"):
+            load = med([x["load"] for x in r["phases"][p]])
+            out.append(f"| {r['model']} | {p} | {r['bytes'] / load / 1e9:.2f} GB/s "
+                       f"| {r['bytes'] / tcp / 1e9:.2f} GB/s | **{tcp / load:.2f}** |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

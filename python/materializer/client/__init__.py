@@ -1,0 +1,20 @@
+"""Client layer: typed calls to materializerd over the generated stubs.
+
+    client = Client("127.0.0.1:50051")                  # development mode
+    client = Client("host:50051", tls=TLS(root_certificates="ca.pem"),
+                    token=open("token").read().strip())  # bearer token
+    plan = client.plan(model_spec)
+    resp = client.materialize(model_spec)                # bound to the session
+    client.release(resp.handle)
+    client.close()
+
+Knows nothing of torch modules: it takes and returns protocol messages
+(materializer.v1). Sessions, identity, deadlines, retries and errors live
+here; capture and load sit above it.
+"""
+
+from materializer.client.channel import TLS, Connection
+from materializer.client.client import Client, Chunk
+from materializer.client.session import Session
+
+__all__ = ["Client", "Chunk", "Connection", "Session", "TLS"]

@@ -1,0 +1,126 @@
+"""Connections: one gRPC channel per target, with identity and keepalive.
+
+A `Connection` holds the credentials and options and opens a channel per
+target address on first use. Today every call goes to the client's one
+address; when handles name the replica that holds them, `Client._target`
+is the one place that picks another target, and this class opens its
+channel with the same identity.
+"""
+
+import os
+import threading
+
+import grpc
+
+# Client keepalive: the server accepts pings every 5 s and drops a
+# connection that does not answer within 10 s; pinging an idle Attach
+# stream every 10 s keeps a dead server from holding a trainer forever.
+KEEPALIVE_MS = 10_000
+# Describe of a model with very many tensors can exceed gRPC's default
+# 4 MiB; fetch chunks are below 4 MiB by contract.
+MAX_RECEIVE_BYTES = 256 << 20
+CLIENT_KEY = "x-materializer-client"
+
+
+def _read(value):
+    """bytes as given; a str is a file path."""
+    if value is None or isinstance(value, (bytes, bytearray)):
+        return value
+    with open(os.fspath(value), "rb") as f:
+        return f.read()
+
+
+class TLS:
+    """TLS (and mTLS) settings. Each argument is PEM bytes or a file path.
+
+    root_certificates: the CA that signed the server's certificate (None:
+      the system roots). certificate_chain + private_key: the client's
+      certificate for mTLS (its identity is the certificate's first SAN, else
+      its CN). server_name: the name to check the server's certificate
+      against when it differs from the address's host.
+    """
+
+    def __init__(self, root_certificates=None, certificate_chain=None,
+                 private_key=None, server_name=None):
+        if (certificate_chain is None) != (private_key is None):
+            raise ValueError("TLS: certificate_chain and private_key go together")
+        self.root_certificates = _read(root_certificates)
+        self.certificate_chain = _read(certificate_chain)
+        self.private_key = _read(private_key)
+        self.server_name = server_name
+
+    def credentials(self):
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.root_certificates,
+            private_key=self.private_key,
+            certificate_chain=self.certificate_chain)
+
+
+class Connection:
+    """Channels to materializerd targets with one identity.
+
+    Identity: mTLS (tls with a client certificate), a bearer token (needs
+    tls; sent as `authorization: Bearer ...` with every call), or, without
+    TLS, the development mode, where `client_name` is sent as the
+    x-materializer-client metadata (servers accept it on loopback only).
+    Thread-safe.
+    """
+
+    def __init__(self, tls=None, token=None, client_name=None, options=()):
+        if token is not None and tls is None:
+            raise ValueError("a bearer token needs TLS (pass tls=TLS(...)); "
+                             "the server refuses tokens in the clear")
+        if client_name is not None and tls is not None:
+            raise ValueError("client_name is the development-mode identity; "
+                             "with TLS the identity comes from the certificate "
+                             "or the token")
+        self.tls = tls
+        self.token = token
+        self.client_name = client_name
+        self._options = [
+            ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ("grpc.max_send_message_length", -1),
+            *options,
+        ]
+        if tls is not None and tls.server_name:
+            self._options.append(("grpc.ssl_target_name_override", tls.server_name))
+        self._lock = threading.Lock()
+        self._channels = {}  # (target, lane) -> grpc.Channel; guarded by _lock
+
+    def channel(self, target, lane=0):
+        """The channel to `target`. Lanes other than 0 are channels with a
+        TCP connection of their own (parallel fetch streams)."""
+        with self._lock:
+            ch = self._channels.get((target, lane))
+            if ch is None:
+                ch = self._open(target, lane)
+                self._channels[(target, lane)] = ch
+            return ch
+
+    def _open(self, target, lane=0):
+        options = list(self._options)
+        if lane:
+            options.append(("grpc.use_local_subchannel_pool", 1))
+        if self.tls is None:
+            return grpc.insecure_channel(target, options=options)
+        creds = self.tls.credentials()
+        if self.token is not None:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(self.token))
+        return grpc.secure_channel(target, creds, options=options)
+
+    def metadata(self, extra=()):
+        md = list(extra)
+        if self.client_name is not None:
+            md.append((CLIENT_KEY, self.client_name))
+        return tuple(md)
+
+    def close(self):
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()

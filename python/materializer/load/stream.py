@@ -1,0 +1,273 @@
+"""Streaming a handle into destination tensors.
+
+The handle is fetched in the raw format (tensor bytes back to back, each
+at a 64-byte boundary, in the handle's order: docs/delivery.md), whose
+layout follows from the spec, so no DescribeFile is needed (which would
+cost the server a pass over the handle for per-tensor digests); the
+stream's total size checks it. Each chunk is
+copied straight into the destination tensors' storage: no per-tensor
+buffer, no file, no second copy of the model. CUDA destinations receive
+through pinned staging buffers (a ring of them, host-to-device copies
+overlapping the network) on a side stream.
+"""
+
+import queue
+import threading
+
+import numpy as np
+import torch
+
+from materializer.errors import LoadError
+
+RAW_ALIGN = 64
+# Received chunks waiting to be copied (each up to 4 MiB).
+QUEUE = 8
+
+
+def raw_layout(spec):
+    """[(name, offset, nbytes)] of the raw file of `spec`'s handle fetched
+    with ties excluded and non-persistent buffers included; and its size."""
+    out = []
+    pos = 0
+    for t in spec.tensors:
+        if t.tie_to:
+            continue
+        pos = -(-pos // RAW_ALIGN) * RAW_ALIGN
+        out.append((t.name, pos, t.nbytes))
+        pos += t.nbytes
+    return out, pos
+
+
+def glob_escape(name):
+    """A glob that matches exactly `name` (init-rule glob syntax)."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def fetch_fields(spec, names=None):
+    """FetchRequest fields for the raw layout above (of all roots, or of
+    the roots `names`, in the spec's order)."""
+    from materializer._proto import pb
+    if names is not None:
+        return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
+                    include=[glob_escape(n) for n in names])
+    return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
+                exclude=[glob_escape(t.name) for t in spec.tensors if t.tie_to])
+
+
+def partition(spec, parts):
+    """The roots of `spec` in `parts` groups of about equal bytes (each
+    group's names in the spec's order), for parallel streams."""
+    sizes = [0] * parts
+    groups = [[] for _ in range(parts)]
+    order = {t.name: i for i, t in enumerate(spec.tensors)}
+    for t in sorted(spec.roots, key=lambda t: -t.nbytes):
+        i = sizes.index(min(sizes))
+        groups[i].append(t.name)
+        sizes[i] += t.nbytes
+    return [sorted(g, key=order.get) for g in groups if g]
+
+
+class _Sink:
+    """Copies file byte ranges into destination tensors.
+
+    Copies go through NumPy views of the destinations (np.copyto: a memcpy
+    that releases the GIL); for small slices torch's copy_ costs more in
+    dispatch than in bytes."""
+
+    def __init__(self, layout, dests, device, staging_bytes):
+        self.layout = sorted(layout, key=lambda e: e[1])
+        self.cuda = torch.device(device).type == "cuda"
+        self.flat = {}
+        for name, _, nbytes in self.layout:
+            d = dests[name]
+            if d.numel() * d.element_size() != nbytes:
+                raise LoadError(f"{name}: destination holds {d.numel() * d.element_size()} "
+                                f"bytes, the handle {nbytes}")
+            if not d.is_contiguous():
+                raise LoadError(f"{name}: destination is not contiguous")
+            if not nbytes:
+                self.flat[name] = None
+            elif self.cuda:
+                self.flat[name] = d.reshape(-1).view(torch.uint8)
+            else:
+                self.flat[name] = d.reshape(-1).view(torch.uint8).numpy()
+        self.i = 0
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=device)
+            self.ring = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=True)
+                         for _ in range(3)]
+            self.ring_np = [r.numpy() for r in self.ring]
+            self.events = [None] * len(self.ring)
+            self.slot = 0
+
+    def write(self, offset, data):
+        """data: a bytes-like object holding file bytes [offset, offset+len)."""
+        n = len(data)
+        if not n:
+            return
+        src = np.frombuffer(data, dtype=np.uint8)
+        if self.cuda:
+            slot = self.slot
+            self.slot = (slot + 1) % len(self.ring)
+            if self.events[slot] is not None:
+                self.events[slot].synchronize()
+            np.copyto(self.ring_np[slot][:n], src)
+            staged = self.ring[slot][:n]
+        end = offset + n
+        layout = self.layout
+        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
+            self.i += 1
+        j = self.i
+        while j < len(layout) and layout[j][1] < end:
+            name, start, nbytes = layout[j]
+            lo, hi = max(start, offset), min(start + nbytes, end)
+            if hi > lo:
+                dst = self.flat[name][lo - start:hi - start]
+                if self.cuda:
+                    with torch.cuda.stream(self.stream):
+                        dst.copy_(staged[lo - offset:hi - offset], non_blocking=True)
+                else:
+                    np.copyto(dst, src[lo - offset:hi - offset])
+            j += 1
+        if self.cuda:
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+            self.events[slot] = ev
+
+    def finish(self):
+        if self.cuda:
+            self.stream.synchronize()
+
+
+def load_stream(client, handle, spec, dests, device="cpu", progress=None,
+                verify=True, chunk_bytes=0, streams=1):
+    """Fetches `handle` (materialized from `spec`) into `dests` ({root
+    name: contiguous tensor of the local shape}). progress: a tqdm-like
+    object with update(n), or None. verify: hash the received bytes and
+    compare with the stream's digest (XXH3-128). streams: parallel fetch
+    streams, each on its own connection, each for a part of the tensors
+    (groups of about equal bytes). Returns the bytes received.
+
+    The streams run on worker threads; this thread only waits, so that a
+    Ctrl-C lands here, cancels them and propagates (never inside gRPC)."""
+    if streams <= 1 or len(spec.roots) < 2:
+        layout, total = raw_layout(spec)
+        jobs = [(layout, total, fetch_fields(spec), 0)]
+    else:
+        jobs = []
+        for lane, names in enumerate(partition(spec, streams)):
+            wanted = set(names)
+            layout, total = raw_layout(_Names([t for t in spec.tensors if t.name in wanted]))
+            jobs.append((layout, total, fetch_fields(spec, names), lane))
+    loads = [_StreamLoad(client, handle, layout, total, fields, dests, device, progress,
+                         verify, chunk_bytes, lane)
+             for layout, total, fields, lane in jobs]
+    for load in loads:
+        load.start()
+    try:
+        for load in loads:
+            load.wait()
+    except BaseException:
+        for load in loads:
+            load.cancel()
+        raise
+    return sum(load.received for load in loads)
+
+
+class _Names:
+    """The part of a spec a parallel stream fetches (raw_layout's input)."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+
+class _StreamLoad:
+    """One FetchWeights stream of a raw file with `layout` into `dests`, on
+    two threads: a receiver (gRPC; checks the framing) and a copier (copies
+    each chunk into place and hashes it), so that receiving the next chunk
+    overlaps copying the last (both release the GIL for the bytes). At most
+    QUEUE chunks wait in between."""
+
+    def __init__(self, client, handle, layout, total, fields, dests, device, progress,
+                 verify, chunk_bytes, lane):
+        self.handle = handle
+        self.total = total
+        self.sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
+        self.stream = client.fetch(handle, chunk_bytes=chunk_bytes, lane=lane, **fields)
+        self.progress = progress
+        self.hasher = None
+        if verify:
+            import xxhash
+            self.hasher = xxhash.xxh3_128()
+        self.work = queue.Queue(maxsize=QUEUE)
+        self.errors = []
+        self.received = 0
+        self.digest = ""
+        self.done = threading.Event()
+        self.receiver = threading.Thread(target=self._receive, name="materializer-fetch",
+                                         daemon=True)
+        self.copier = threading.Thread(target=self._copy, name="materializer-load",
+                                       daemon=True)
+
+    def start(self):
+        self.copier.start()
+        self.receiver.start()
+
+    def cancel(self):
+        self.errors.append(LoadError(f"handle {self.handle}: loading was cancelled"))
+        self.stream.cancel()
+
+    def wait(self):
+        """Waits for the end; raises what went wrong."""
+        self.done.wait()
+        if self.errors:
+            raise self.errors[0]
+        self.sink.finish()
+        if self.received != self.total:
+            raise LoadError(f"handle {self.handle}: the stream ended at {self.received} "
+                            f"of {self.total} bytes")
+        if self.hasher is not None and self.total:
+            mine = "xxh3-128:" + self.hasher.hexdigest()
+            if self.digest and mine != self.digest:
+                raise LoadError(f"handle {self.handle}: the received bytes hash to {mine}, "
+                                f"the server's file to {self.digest}")
+
+    def _receive(self):
+        try:
+            for chunk in self.stream:
+                if chunk.total_bytes != self.total:
+                    raise LoadError(f"handle {self.handle}: the raw file is {chunk.total_bytes} "
+                                    f"bytes, the spec's layout {self.total}; the handle does "
+                                    "not hold this spec")
+                if chunk.offset != self.received:
+                    raise LoadError(f"handle {self.handle}: chunk at {chunk.offset}, "
+                                    f"expected {self.received}")
+                if self.errors:
+                    break
+                self.work.put((chunk.offset, chunk.data))
+                self.received += len(chunk.data)
+                if chunk.digest:
+                    self.digest = chunk.digest
+        except BaseException as e:  # noqa: BLE001 - wait() raises it
+            self.errors.append(e)
+        finally:
+            self.work.put(None)
+            self.copier.join()
+            self.done.set()
+
+    def _copy(self):
+        try:
+            while True:
+                item = self.work.get()
+                if item is None:
+                    return
+                offset, data = item
+                self.sink.write(offset, data)
+                if self.hasher is not None:
+                    self.hasher.update(data)
+                if self.progress is not None:
+                    self.progress.update(len(data))
+        except BaseException as e:  # noqa: BLE001 - wait() raises it
+            self.errors.append(e)
+            while self.work.get() is not None:   # drain: the receiver never blocks
+                pass

@@ -1,0 +1,72 @@
+"""One rank of test_sdk_distributed.py: builds the test model on the meta
+device, shards it (FSDP2's fully_shard, or distribute_tensor with the
+Shard(1) weights, Shard(0) biases, a Replicate embedding), materializes its own shards through the server and
+saves {name: (box, local tensor)} for the test to compare."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+
+import materializer as mz  # noqa: E402
+
+
+class Net(nn.Module):
+    """Sizes that do not divide by 2 or 4 (uneven last shards)."""
+
+
+    def __init__(self, padding=True):
+        super().__init__()
+        self.emb = nn.Embedding(11, 6, padding_idx=3 if padding else None)
+        self.up = nn.Linear(6, 10)
+        self.down = nn.Linear(10, 7)
+
+    def forward(self, ids):
+        return self.down(torch.relu(self.up(self.emb(ids))))
+
+
+
+def main():
+    rank, world, port, address, mode, out = sys.argv[1:7]
+    rank, world = int(rank), int(world)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,))
+    with torch.device("meta"):
+        model = Net(padding=mode != "shard1")
+    if mode == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model, mesh=mesh)                 # Shard(0) everywhere
+    else:
+        for module in model.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                if module is model.emb:
+                    placement = Replicate()             # the whole tensor on each rank
+                else:
+                    placement = Shard(p.dim() - 1)      # columns; biases by rows
+                module.register_parameter(
+                    name, nn.Parameter(distribute_tensor(p, mesh, [placement])))
+    # Both deliveries: FSDP2 through shared memory, the other through the stream.
+    result = mz.materialize(model, server=address, seed=77,
+                            transport="shm" if mode == "fsdp" else "stream")
+    saved = {}
+    for name, p in model.named_parameters():
+        box = result.spec[name].shard
+        saved[name] = (box, p._local_tensor.detach().clone(), str(p.placements))
+    saved["__transport__"] = result.transport
+    if mode == "fsdp":
+        with torch.no_grad():   # FSDP2 all-gathers the shards this rank loaded
+            saved["__output__"] = model(torch.tensor([[1, 3, 5, 10]])).detach().clone()
+    torch.save(saved, out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,352 @@
+"""Capture (materializer.capture): a meta module's own init code becomes
+declarative steps. Pure: no server. Each test checks the steps a model's
+code must give (schemes, parameters, regions, order), or the error that
+names the tensor, the op and the module class."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import materializer as mz
+from materializer import reference
+from materializer.capture import Spec
+
+
+def steps(spec, name):
+    return [(s.scheme.kind, s.scheme.params, s.region) for s in spec[name].steps]
+
+
+def one(spec, name):
+    (kind, params, region), = steps(spec, name)
+    assert region is None
+    return kind, params
+
+
+# -- torch.nn.init and in-place tensor inits ------------------------------------
+
+class Inits(nn.Module):
+    """Every way init code writes a tensor, one parameter each."""
+
+    def __init__(self):
+        super().__init__()
+        for name in ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"):
+            self.register_parameter(name, nn.Parameter(torch.empty(6, 4)))
+
+    def init_weights(self):
+        nn.init.normal_(self.a, 0.5, 0.02)
+        nn.init.xavier_uniform_(self.b, gain=2.0)          # torch hides it from modes
+        nn.init.kaiming_normal_(self.c, a=0.1, mode="fan_out", nonlinearity="relu")
+        nn.init.trunc_normal_(self.d, std=0.03, a=-0.06, b=0.06)
+        self.e.data.uniform_(-0.1, 0.3)                     # .data form
+        with torch.no_grad():
+            self.f.fill_(0.25)
+            self.g.zero_()
+            self.h.copy_(torch.arange(24.0).reshape(6, 4) * 0.5)   # a real tensor
+        nn.init.orthogonal_(self.i, gain=0.5)
+        nn.init.constant_(self.j, 3.0)
+        nn.init.ones_(self.k)
+        nn.init.eye_(self.l)
+        nn.init.xavier_normal_(self.m)
+
+
+def test_every_init_function_and_inplace_form_becomes_its_scheme():
+    with torch.device("meta"):
+        m = Inits()
+    spec = mz.describe(m)
+    assert one(spec, "a") == ("normal", {"mean": 0.5, "std": 0.02})
+    assert one(spec, "b") == ("xavier_uniform", {"gain": 2.0})
+    assert one(spec, "c") == ("kaiming_normal", {"a": 0.1, "mode": "fan_out", "nonlinearity": "relu"})
+    assert one(spec, "d") == ("trunc_normal", {"mean": 0.0, "std": 0.03, "a": -0.06, "b": 0.06})
+    assert one(spec, "e") == ("uniform", {"a": -0.1, "b": 0.3})
+    assert one(spec, "f") == ("constant", {"val": 0.25})
+    assert one(spec, "g") == ("zeros", {})
+    assert one(spec, "h") == ("arange", {"step": 0.5})   # computed values, recognized
+    assert one(spec, "i") == ("orthogonal", {"gain": 0.5})
+    assert one(spec, "j") == ("constant", {"val": 3.0})
+    assert one(spec, "k") == ("ones", {})
+    assert one(spec, "l") == ("eye", {})
+    assert one(spec, "m") == ("xavier_normal", {"gain": 1.0})
+    # The meta model is unchanged (still meta, nothing replaced).
+    assert all(p.device.type == "meta" for p in m.parameters())
+
+
+def test_later_call_overrides_and_a_slice_adds_a_step():
+    class Emb(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(10, 4))
+
+        def init_weights(self):
+            nn.init.kaiming_uniform_(self.weight)        # overridden below
+            self.weight.data.normal_(0.0, 0.02)
+            self.weight.data[2].zero_()                   # a row
+            with torch.no_grad():
+                self.weight[:, 1:3] = 0.5                 # a column block
+                self.weight[7:9].fill_(-1.0)
+
+    with torch.device("meta"):
+        m = Emb()
+    assert steps(mz.describe(m), "weight") == [
+        ("normal", {"mean": 0.0, "std": 0.02}, None),
+        ("zeros", {}, ((2, 1), (0, 4))),
+        ("constant", {"val": 0.5}, ((0, 10), (1, 2))),
+        ("constant", {"val": -1.0}, ((7, 2), (0, 4))),
+    ]
+
+
+def test_reset_parameters_of_torch_modules_and_padding_idx():
+    with torch.device("meta"):
+        m = nn.ModuleDict({"fc": nn.Linear(8, 3), "emb": nn.Embedding(5, 8, padding_idx=-2),
+                           "ln": nn.LayerNorm(8), "conv": nn.Conv2d(2, 4, 3)})
+    spec = mz.describe(m)
+    assert one(spec, "fc.weight") == ("kaiming_uniform", {"a": math.sqrt(5), "mode": "fan_in",
+                                                          "nonlinearity": "leaky_relu"})
+    bound = 1 / math.sqrt(8)
+    kind, p = one(spec, "fc.bias")
+    assert kind == "uniform" and p["a"] == pytest.approx(-bound) and p["b"] == pytest.approx(bound)
+    assert steps(spec, "emb.weight") == [("normal", {"mean": 0.0, "std": 1.0}, None),
+                                         ("zeros", {}, ((3, 1), (0, 8)))]
+    assert one(spec, "ln.weight") == ("ones", {}) and one(spec, "ln.bias") == ("zeros", {})
+    kind, p = one(spec, "conv.bias")
+    assert kind == "uniform" and p["b"] == pytest.approx(1 / math.sqrt(2 * 9))
+    assert spec.modules == [("emb", "Embedding", 3)]  # torch counts from the front
+
+
+def test_fan_based_init_on_a_slice_takes_the_fans_of_the_slice():
+    class Fused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Parameter(torch.empty(3, 16, 8))
+
+        def init_weights(self):
+            for i in range(3):
+                nn.init.xavier_uniform_(self.qkv[i])       # 2-D slices of a 3-D tensor
+
+    with torch.device("meta"):
+        m = Fused()
+    got = steps(mz.describe(m), "qkv")
+    a = math.sqrt(3.0) * math.sqrt(2.0 / (16 + 8))
+    # The slices cover the tensor: an `empty` first step (the service wants
+    # the first step whole), then one uniform per slice.
+    assert got[0] == ("empty", {}, None)
+    assert [(k, r) for k, _, r in got[1:]] == [("uniform", ((i, 1), (0, 16), (0, 8))) for i in range(3)]
+    for _, p, _ in got[1:]:
+        assert p["a"] == pytest.approx(-a) and p["b"] == pytest.approx(a)
+
+
+# -- values computed in this process --------------------------------------------------
+
+class Computed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.empty(8), persistent=False)
+        self.register_buffer("inv_freq_llama3", torch.empty(8), persistent=False)
+        self.register_buffer("sinusoid", torch.empty(5, 6), persistent=False)
+        self.register_buffer("log_table", torch.empty(7))
+        self.bias = nn.Parameter(torch.empty(6))
+        self.register_buffer("positions", torch.empty(1, 9, dtype=torch.long))
+        self.register_buffer("evens", torch.empty(7, dtype=torch.long))
+
+    def init_weights(self):
+        inv = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.int64).float() / 16))
+        self.inv_freq.copy_(inv)
+        self.inv_freq_llama3.copy_(inv / torch.linspace(1, 4, 8))          # a "scaled" RoPE
+        pos = torch.arange(5).float()[:, None] / (10000 ** (torch.arange(0, 6, 2).float() / 6))
+        self.sinusoid.copy_(torch.cat([pos.sin(), pos.cos()], dim=1))
+        self.log_table.copy_(torch.log(torch.arange(1, 8).float()))
+        g = torch.Generator().manual_seed(0)
+        dt = torch.exp(torch.rand(6, generator=g) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+        self.bias.data.copy_(dt + torch.log(-torch.expm1(-dt)))          # Mamba's dt bias
+        self.positions.copy_(torch.arange(9).expand((1, -1)))
+        torch.arange(0, 14, 2, out=self.evens)                  # out= writes a buffer
+
+
+def test_values_computed_on_the_cpu_are_carried_as_schemes_or_literals():
+    with torch.device("meta"):
+        m = Computed()
+    spec = mz.describe(m)
+    assert one(spec, "inv_freq") == ("rope_inv_freq", {"base": 500000.0})
+    assert one(spec, "positions") == ("arange", {})
+    assert one(spec, "evens") == ("arange", {"step": 2.0})
+    with torch.device("cpu"):
+        cpu = Computed()
+    cpu.init_weights()
+    for name in ("inv_freq_llama3", "sinusoid", "log_table", "bias"):
+        kind, p = one(spec, name)
+        assert kind == "values", name
+        assert torch.equal(p["data"], getattr(cpu, name)), name
+    # Evaluating the recognized schemes gives the same bits as the model.
+    for name in ("inv_freq", "positions"):
+        t = torch.empty_like(getattr(cpu, name))
+        reference.init_tensor(t, spec[name].steps, 0, name)
+        assert torch.equal(t, getattr(cpu, name)), name
+
+
+# -- constructor values ----------------------------------------------------------------------
+
+class Clip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+        self.class_embedding = nn.Parameter(torch.randn(16) * 0.02)
+        self.norm_weight = nn.Parameter(torch.ones(16))
+        self.proj = nn.Parameter(0.5 - torch.rand(4, 16))
+        inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, device="meta").float() / 8))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+
+def test_meta_device_records_constructor_values():
+    with mz.meta_device():
+        m = Clip()
+    assert all(t.device.type == "meta" for t in m.state_dict().values())
+    spec = mz.describe(m)
+    kind, p = one(spec, "logit_scale")
+    assert kind == "constant" and torch.tensor(p["val"]) == torch.tensor(math.log(1 / 0.07))
+    assert one(spec, "class_embedding") == ("normal", {"mean": 0.0, "std": 0.02})
+    assert one(spec, "norm_weight") == ("ones", {})
+    assert one(spec, "proj") == ("uniform", {"a": -0.5, "b": 0.5})
+    assert one(spec, "inv_freq") == ("rope_inv_freq", {"base": 10000.0})
+
+
+def test_plain_meta_device_loses_constructor_values_and_says_so():
+    with torch.device("meta"):
+        m = Clip()
+    with pytest.raises(mz.CaptureError) as e:
+        mz.describe(m)
+    text = str(e.value)
+    for name in ("logit_scale (Clip)", "class_embedding (Clip)", "inv_freq (Clip)"):
+        assert name in text
+    assert "meta_device()" in text and "overrides=" in text
+
+
+# -- ties ---------------------------------------------------------------------------------------
+
+class TiedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(12, 4, padding_idx=0)
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 12, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def test_ties_become_tie_to_and_the_roots_init_survives():
+    with torch.device("meta"):
+        m = TiedLM()
+    spec = mz.describe(m)
+    assert spec["head.weight"].tie_to == "emb.weight" and not spec["head.weight"].steps
+    # The embedding's padding row survives: the head's own reset_parameters
+    # (kaiming) initialized an untied copy, as the constructor did.
+    assert steps(spec, "emb.weight") == [("normal", {"mean": 0.0, "std": 1.0}, None),
+                                         ("zeros", {}, ((0, 1), (0, 4)))]
+    assert m.head.weight is m.emb.weight  # still tied afterwards
+    assert [t.name for t in spec.tensors] == list(dict(m.named_parameters(remove_duplicate=False)))
+
+
+def test_a_user_init_function_runs_on_the_tied_model_in_call_order():
+    with torch.device("meta"):
+        m = TiedLM()
+
+    def init(model):
+        nn.init.normal_(model.head.weight, std=0.01)   # writes the shared storage
+
+    spec = mz.describe(m, init=init)
+    assert steps(spec, "emb.weight") == [("normal", {"mean": 0.0, "std": 0.01}, None)]
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+class Odd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.gate = nn.Parameter(torch.empty(4))
+
+    def init_weights(self):
+        self.gate.data.exponential_()           # no server scheme
+        with torch.no_grad():
+            self.proj.weight.mul_(self.gate[:, None])   # needs values nobody knows
+
+
+def test_an_op_the_recorder_cannot_express_names_tensor_op_and_module():
+    with torch.device("meta"):
+        m = Odd()
+    with pytest.raises(mz.CaptureError) as e:
+        mz.describe(m)
+    problems = e.value.problems
+    assert any(p.startswith("gate (Odd)") and "exponential_" in p for p in problems), problems
+    assert any(p.startswith("proj.weight (Linear)") and "mul_" in p for p in problems), problems
+    # The override hook fixes both.
+    spec = mz.describe(m, overrides={"gate": mz.init.ones(), "proj.*": {"normal": {"std": 0.1}}})
+    assert one(spec, "gate") == ("ones", {})
+    assert one(spec, "proj.weight") == ("normal", {"std": 0.1})
+
+
+def test_an_override_that_matches_nothing_is_an_error():
+    with torch.device("meta"):
+        m = TiedLM()
+    with pytest.raises(mz.CaptureError, match=r"'decoder\.\*'"):
+        mz.describe(m, overrides={"decoder.*": 0.0})
+
+
+def test_a_partly_written_tensor_is_an_error():
+    class Half(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(4, 4))
+
+        def init_weights(self):
+            self.w.data[:2].normal_()
+
+    with torch.device("meta"):
+        m = Half()
+    with pytest.raises(mz.CaptureError, match=r"w \(Half\): only part of it is initialized"):
+        mz.describe(m)
+
+
+def test_real_tensors_of_a_partly_meta_model_are_left_alone():
+    m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    before = m[0].weight.detach().clone()
+    with torch.device("meta"):
+        m[1] = nn.Linear(3, 2)
+    spec = mz.describe(m, init=lambda model: [nn.init.zeros_(p) for p in model.parameters()])
+    assert [t.name for t in spec.tensors] == ["1.weight", "1.bias"]
+    assert torch.equal(m[0].weight, before)
+
+
+def test_values_larger_than_the_literal_limit_are_refused():
+    class Big(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("table", torch.empty(64, 64))
+
+        def init_weights(self):
+            self.table.copy_(torch.rand(64, 64))
+
+    with torch.device("meta"):
+        m = Big()
+    with pytest.raises(mz.CaptureError, match="limit for literal values"):
+        mz.describe(m, max_literal_bytes=1024)
+    assert mz.describe(m).tensors[0].steps[0].scheme.kind == "values"
+
+
+# -- the spec ---------------------------------------------------------------------------------------
+
+def test_spec_proto_and_json_round_trip(tmp_path):
+    with torch.device("meta"):
+        m = Computed()
+        m.extra = nn.Embedding(6, 4, padding_idx=1)
+    spec = mz.describe(m, seed=42, rng="torch")
+    msg = spec.to_proto()
+    t = {x.name: x for x in msg.tensors}
+    assert t["inv_freq"].HasField("init") and t["inv_freq"].persistent is False
+    assert len(t["extra.weight"].init_steps) == 2
+    assert t["extra.weight"].init_steps[1].region[0].offset == 1
+    assert len(t["sinusoid"].init.values.data) == 5 * 6 * 4
+    path = tmp_path / "spec.json"
+    spec.save(path)
+    back = Spec.load(path)
+    assert back.seed == 42 and back.rng == "torch"
+    assert back.to_proto() == msg

@@ -1,0 +1,100 @@
+"""Shards for distributed training: every rank (gloo on CPU, separate
+processes) materializes only its local shards of a model whose parameters
+are DTensors on the meta device, and its bytes equal the same slices of
+the full model materialized by one process (portable mode)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import materializer as mz
+import serverproc
+from sdk_rank import Net
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world, mode, address, tmp_path, transport_env=None):
+    port = str(free_port())
+    outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sdk_rank.py"), str(r),
+                               str(world), port, address, mode, str(outs[r])],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log
+    return [torch.load(o) for o in outs]
+
+
+def full_model(address, padding):
+    with torch.device("meta"):
+        model = Net(padding=padding)
+    mz.materialize(model, server=address, seed=77)
+    with torch.no_grad():
+        out = model(torch.tensor([[1, 3, 5, 10]]))
+    return dict(model.named_parameters()), out
+
+
+@pytest.mark.parametrize("world,mode", [(2, "fsdp"), (4, "shard1")])
+def test_each_rank_materializes_its_shards(server, tmp_path, world, mode):
+    ranks = run_ranks(world, mode, server.address, tmp_path)
+    full, out = full_model(server.address, padding=mode != "shard1")
+    if mode == "fsdp":
+        for saved in ranks:     # the forward pass through FSDP2 sees these weights
+            assert torch.allclose(saved["__output__"], out), (saved["__output__"], out)
+    assert {saved["__transport__"] for saved in ranks} == {"shm" if mode == "fsdp" else "stream"}
+    for name, want in full.items():
+        covered = torch.zeros(want.shape, dtype=torch.int32)
+        for r, saved in enumerate(ranks):
+            box, local, placements = saved[name]
+            index = tuple(slice(o, o + l) for o, l in box)
+            assert tuple(local.shape) == tuple(l for _, l in box), (name, r)
+            assert torch.equal(local, want.detach()[index]), (name, r, placements)
+            covered[index] += 1
+        if mode == "shard1" and name.startswith("emb."):
+            assert torch.all(covered == world), name          # each rank holds it whole
+        else:
+            assert torch.all(covered == 1), name               # the shards tile it
+    # Uneven: the last ranks' shards are smaller.
+    if mode == "fsdp":
+        assert [saved["down.weight"][0][0][1] for saved in ranks] == [4, 3]
+    else:
+        assert [saved["down.weight"][0][1][1] for saved in ranks] == [3, 3, 3, 1]
+        assert [saved["down.bias"][0][0][1] for saved in ranks] == [2, 2, 2, 1]
+    server.assert_idle()
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1,
+                            init_method=f"file://{tmp_path / 'store'}")
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_partial_placement_is_refused_naming_the_tensor(server, one_rank_group):
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+    with torch.device("meta"):
+        model = Net()
+    model.up.weight = torch.nn.Parameter(distribute_tensor(model.up.weight, one_rank_group, [Shard(0)]))
+    local = torch.empty(model.up.bias.shape, device="meta")
+    model.up.bias = torch.nn.Parameter(DTensor.from_local(local, one_rank_group, [Partial()],
+                                                          run_check=False))
+    with pytest.raises(mz.CaptureError, match=r"up\.bias \(Linear\): placement Partial"):
+        mz.materialize(model, server=server.address)
+    server.assert_idle()

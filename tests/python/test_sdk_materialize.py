@@ -1,0 +1,271 @@
+"""materializer.materialize(): a meta module -> its weights in this process,
+through a real server. Values are checked against the in-process reference
+of the service's torch mode (materializer.reference, docs/init.md) bit for
+bit, and against the NumPy reference of the portable mode; ledger at zero
+afterwards, however the trainer ends."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import grpc
+import pytest
+import torch
+import torch.nn as nn
+
+import materializer as mz
+import matutil
+import serverproc
+from materializer import reference
+from materializer.capture import Spec, Step, TensorDesc
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+GRACE_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with serverproc.running_server([f"--session_grace={GRACE_S:g}s"]) as s:
+        yield s
+
+
+class Model(nn.Module):
+    """Linear, LayerNorm, a tied head, a non-persistent computed buffer,
+    a constructor constant: every step is one whole-tensor scheme."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.fc = nn.Linear(32, 48)
+        self.ln = nn.LayerNorm(48)
+        self.head = nn.Linear(32, 64, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)),
+                             persistent=False)
+        self.register_buffer("position_ids", torch.arange(20).expand((1, -1)))
+        self.scale = nn.Parameter(torch.tensor(0.125))
+
+
+class PaddedModel(Model):
+    """Adds what needs init steps and literal values: a padding row, a
+    sinusoidal table."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(40, 32, padding_idx=3)
+        pos = torch.arange(12).float()[:, None] / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+        self.register_buffer("sinusoid", torch.cat([pos.sin(), pos.cos()], dim=1),
+                             persistent=False)
+
+
+def cpu_twin(cls):
+    torch.manual_seed(0)
+    return cls()
+
+
+def check_loaded(model, spec, cls, bitwise=True):
+    """Every tensor real, ties one storage, buffers as the model computes
+    them, state_dict round trip, torch-mode bits equal the reference."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    assert all(t.device.type == "cpu" for t in tensors.values())
+    assert model.head.weight is model.emb.weight
+    assert model.head.weight.data_ptr() == model.emb.weight.data_ptr()
+    twin = cpu_twin(cls)
+    assert torch.equal(model.inv_freq, twin.inv_freq)
+    assert torch.equal(model.position_ids, twin.position_ids)
+    assert model.scale.item() == twin.scale.item()
+    if hasattr(model, "sinusoid"):
+        assert torch.equal(model.sinusoid, twin.sinusoid)
+        assert torch.all(model.tok.weight[3] == 0)
+    sd = model.state_dict()
+    fresh = cls()
+    fresh.load_state_dict(sd, strict=True)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+    if bitwise:
+        for desc in spec.roots:
+            want = reference.init_tensor(torch.empty(desc.shape, dtype=desc.dtype),
+                                         desc.steps, spec.seed, desc.name)
+            assert matutil.same_bits(tensors[desc.name].detach(), want), desc.name
+
+
+@pytest.mark.parametrize("transport,streams", [("stream", 1), ("stream", 3), ("shm", 1)])
+def test_torch_mode_bits_through_stream_and_shared_memory(srv, transport, streams):
+    with mz.meta_device():
+        model = Model()
+    r = mz.materialize(model, server=srv.address, seed=11, rng="torch", transport=transport,
+                       streams=streams)
+    assert r.transport == transport
+    assert r.bytes == sum(t.nbytes for t in r.spec.roots)
+    check_loaded(model, r.spec, Model)
+    srv.assert_idle()
+
+
+@pytest.mark.parametrize("transport", ["stream", "shm"])
+def test_init_steps_and_literal_values(srv, transport):
+    with mz.meta_device():
+        model = PaddedModel()
+    r = mz.materialize(model, server=srv.address, seed=5, rng="torch", transport=transport)
+    assert [s.region for s in r.spec["tok.weight"].steps] == [None, ((3, 1), (0, 32))]
+    assert r.spec["sinusoid"].steps[0].scheme.kind == "values"
+    check_loaded(model, r.spec, PaddedModel)
+    srv.assert_idle()
+
+
+def test_portable_mode_equals_the_numpy_reference(srv):
+    with mz.meta_device():
+        model = Model()
+    r = mz.materialize(model, server=srv.address, seed=9, transport="stream")
+    assert r.spec.rng == "portable"
+    want = matutil.portable_reference([64, 32], "float32", "normal",
+                                      {"mean": 0.0, "std": 1.0}, 9, "emb.weight")
+    assert matutil.same_bits(model.emb.weight.detach(), want)
+    check_loaded(model, r.spec, Model, bitwise=False)
+    srv.assert_idle()
+
+
+def test_shared_memory_weights_are_the_trainers_to_write(srv):
+    with mz.meta_device():
+        model = Model()
+    mz.materialize(model, server=srv.address, seed=1, transport="shm")
+    before = model.fc.weight.detach().clone()
+    with torch.no_grad():
+        model.fc.weight.add_(1.0)          # copy-on-write: the trainer's page now
+    assert torch.equal(model.fc.weight, before + 1.0)
+    loss = model.ln(model.fc(model.emb(torch.tensor([[1, 2, 3]])))).sum()
+    loss.backward()
+    assert model.fc.weight.grad is not None
+    srv.assert_idle()
+
+
+def test_keep_handle_keeps_it_in_the_session_until_the_client_closes(srv):
+    client = mz.Client(srv.address)
+    with mz.meta_device():
+        model = Model()
+    r = mz.materialize(model, client=client, seed=2, keep_handle=True, transport="stream")
+    info = client.describe(r.handle)
+    assert info.session == client.session().id
+    assert [h.handle for h in client.list_handles()] == [r.handle]
+    client.close()
+    deadline = time.monotonic() + GRACE_S + 5
+    while srv.stats().handles and time.monotonic() < deadline:
+        time.sleep(0.1)
+    srv.assert_idle()
+
+
+def test_errors_carry_the_status_and_the_servers_message(srv):
+    with mz.Client(srv.address) as client:
+        with pytest.raises(mz.RpcError) as e:
+            client.describe("h-" + "0" * 32)
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert "not found" in e.value.message and e.value.method == "Describe"
+        # A literal payload of the wrong size names the tensor.
+        bad = Spec([TensorDesc("w.table", [4, 4], torch.float32,
+                               steps=[Step(mz.init.values(torch.zeros(15)), None)])])
+        with pytest.raises(mz.RpcError) as e:
+            client.materialize(bad.to_proto())
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert '("w.table")' in e.value.message and "values.data has 60 bytes" in e.value.message
+        # A region out of bounds names the tensor.
+        bad = Spec([TensorDesc("w.rows", [4, 4], torch.float32,
+                               steps=[Step(mz.init.zeros(), None),
+                                      Step(mz.init.ones(), ((3, 2), (0, 4)))])])
+        with pytest.raises(mz.RpcError) as e:
+            client.materialize(bad.to_proto())
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert '("w.rows").init_steps[1]' in e.value.message and "region[0]" in e.value.message
+    srv.assert_idle()
+
+
+def test_deadline_and_wait_for_a_server_that_starts_later(tmp_path):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = mz.Client(f"127.0.0.1:{port}", deadline=0.5, session=False)
+    t0 = time.monotonic()
+    with pytest.raises(mz.RpcError) as e:
+        client.stats()
+    assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - t0 < 5
+    client.close()
+    # An idempotent call waits (within its deadline) for the server to come up.
+    client = mz.Client(f"127.0.0.1:{port}", deadline=60, session=False)
+    proc = subprocess.Popen([serverproc.SERVER_BIN, f"--listen=127.0.0.1:{port}",
+                             "--devices=cpu", "--cpu_capacity=1GiB", "--log_level=warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert client.stats().devices
+    finally:
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+TRAINER = textwrap.dedent("""
+    import faulthandler, os, signal, sys, time
+    import torch, torch.nn as nn
+    import materializer as mz
+    from materializer.load import stream
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks, if it hangs
+    slow = stream._Sink.write
+    def write(self, offset, data):
+        if offset == 0:
+            print("loading", flush=True)
+        time.sleep(0.05)          # a slow trainer, so that it dies mid-load
+        return slow(self, offset, data)
+    stream._Sink.write = write
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(24)])
+    mz.materialize(model, server=sys.argv[1], transport="stream")
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    proc = subprocess.Popen([sys.executable, str(script), srv.address], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "loading"
+    assert srv.stats().handles == 1
+    proc.send_signal(how)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the trainer did not exit after {how!r}; its threads:\n{err[-6000:]}")
+    assert "done" not in out
+    if how == signal.SIGINT:
+        assert "KeyboardInterrupt" in err
+        # The trainer released it itself on the way out.
+        srv.assert_idle()
+    deadline = time.monotonic() + GRACE_S + 5
+    while srv.stats().handles and time.monotonic() < deadline:
+        time.sleep(0.1)
+    srv.assert_idle()
+
+
+def test_portable_init_steps_equal_the_numpy_reference(srv):
+    """Step 0 of a portable init is the plain init (docs/init.md): the
+    padded embedding is the reference's normal draw with its padding row
+    zeroed."""
+    with mz.meta_device():
+        model = PaddedModel()
+    mz.materialize(model, server=srv.address, seed=21, transport="stream")
+    want = matutil.portable_reference([40, 32], "float32", "normal",
+                                      {"mean": 0.0, "std": 1.0}, 21, "tok.weight")
+    want[3] = 0
+    assert matutil.same_bits(model.tok.weight.detach(), want)
+    srv.assert_idle()
