@@ -7,7 +7,6 @@ merges them, sessions are per replica, and a replica that goes away makes
 its handles fail clearly while the others keep serving."""
 
 import socket
-import threading
 import time
 from concurrent import futures
 
