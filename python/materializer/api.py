@@ -52,9 +52,12 @@ class Materialized:
 
 
 def co_located(address):
-    """Whether `address` is this host (loopback or a Unix socket)."""
+    """Whether `address` is this host (loopback or a Unix socket); for a
+    list of replicas, whether every one is."""
     if address.startswith(("unix:", "unix-abstract:")):
         return True
+    if "," in address:
+        return all(co_located(a.strip()) for a in address.split(","))
     host = address.rsplit(":", 1)[0] if not address.startswith("[") else address[1:].split("]")[0]
     if host in ("localhost", ""):
         return True
@@ -65,15 +68,29 @@ def co_located(address):
 
 
 def _server_cuda_device(client, device):
-    """The pool device holding the same GPU as `device`, or None."""
+    """(replica, pool device) holding the same GPU as `device`, or (None,
+    None). The replica is None for a single server."""
     try:
         uuid = device_uuid(device)
     except Exception:  # noqa: BLE001 - no CUDA properties: no IPC
-        return None
-    for d in client.stats().devices:
-        if d.device.startswith("cuda") and d.HasField("driver") and d.driver.uuid == uuid:
-            return d.device
-    return None
+        return None, None
+    if client.has_replicas():
+        pools = [(r.replica, r.result.devices) for r in client.stats_by_replica()
+                 if r.error is None]
+    else:
+        pools = [(None, client.stats().devices)]
+    for replica, devices in pools:
+        for d in devices:
+            if d.device.startswith("cuda") and d.HasField("driver") and d.driver.uuid == uuid:
+                return replica, d.device
+    return None, None
+
+
+def _server_devices(client):
+    """The devices of the server's pool, or of every replica's."""
+    if client.has_replicas():
+        return {d.device for r in client.replicas() if r.error is None for d in r.result.devices}
+    return {d.device for d in client.stats().devices}
 
 
 def _progress(enabled, total, desc):
@@ -118,9 +135,9 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
     if own_client:
         client = Client(server)
     try:
-        mode, where = _choose(client, transport, device, placement)
+        mode, where, replica = _choose(client, transport, device, placement)
         resp = client.materialize(spec.to_proto(), where, label=label,
-                                  exportable=(mode == "shm"))
+                                  exportable=(mode == "shm"), replica=replica)
         t_mat = time.perf_counter()
         try:
             mode = _load(client, resp.handle, spec, targets, device, mode, transport,
@@ -147,25 +164,28 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
 
 
 def _choose(client, transport, device, placement):
-    """(transport, placement) for this call."""
+    """(transport, placement, replica) for this call; replica: the name of
+    the replica the handle must land on (the one sharing this process's
+    GPU, for CUDA IPC among replicas), else None (the client chooses)."""
     local = co_located(client.address)
     if transport == "auto":
         if local and device.type in ("cpu", "cuda"):
-            pool = [d.device for d in client.stats().devices]
-            if device.type == "cpu" and (placement or "cpu") in pool:
-                return "shm", placement or "cpu"
+            if device.type == "cpu" and (placement or "cpu") in _server_devices(client):
+                return "shm", placement or "cpu", None
             if device.type == "cuda":
-                where = placement or _server_cuda_device(client, device)
+                replica, where = ((None, placement) if placement
+                                  else _server_cuda_device(client, device))
                 if where is not None:
-                    return "ipc", where
-        return "stream", placement
+                    return "ipc", where, replica
+        return "stream", placement, None
     if transport == "shm":
-        return "shm", placement or "cpu"
+        return "shm", placement or "cpu", None
     if transport == "ipc":
         if device.type != "cuda":
             raise ValueError("transport='ipc' needs a CUDA device of this process")
-        return "ipc", placement or _server_cuda_device(client, device)
-    return "stream", placement
+        replica, where = (None, placement) if placement else _server_cuda_device(client, device)
+        return "ipc", where, replica
+    return "stream", placement, None
 
 
 def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams):

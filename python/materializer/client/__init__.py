@@ -8,13 +8,16 @@
     client.release(resp.handle)
     client.close()
 
+    client = Client("10.0.0.5:50051,10.0.0.6:50051")    # replicas (or a headless
+                                                        # Service's name)
+
 Knows nothing of torch modules: it takes and returns protocol messages
 (materializer.v1). Sessions, identity, deadlines, retries and errors live
 here; capture and load sit above it.
 """
 
 from materializer.client.channel import TLS, Connection
-from materializer.client.client import Client, Chunk
+from materializer.client.client import Chunk, Client, HandleList, ReplicaResult
 from materializer.client.session import Session
 
-__all__ = ["Client", "Chunk", "Connection", "Session", "TLS"]
+__all__ = ["Client", "Chunk", "Connection", "HandleList", "ReplicaResult", "Session", "TLS"]

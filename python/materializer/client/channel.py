@@ -1,10 +1,8 @@
 """Connections: one gRPC channel per target, with identity and keepalive.
 
 A `Connection` holds the credentials and options and opens a channel per
-target address on first use. Today every call goes to the client's one
-address; when handles name the replica that holds them, `Client._target`
-is the one place that picks another target, and this class opens its
-channel with the same identity.
+address on first use: the client's one server, or each replica of a set
+(replicas.py), all with the same identity.
 """
 
 import os
@@ -89,22 +87,29 @@ class Connection:
         if tls is not None and tls.server_name:
             self._options.append(("grpc.ssl_target_name_override", tls.server_name))
         self._lock = threading.Lock()
-        self._channels = {}  # (target, lane) -> grpc.Channel; guarded by _lock
+        # (target, tls_name, lane) -> grpc.Channel; guarded by _lock
+        self._channels = {}
 
-    def channel(self, target, lane=0):
+    def channel(self, target, lane=0, tls_name=""):
         """The channel to `target`. Lanes other than 0 are channels with a
-        TCP connection of their own (parallel fetch streams)."""
+        TCP connection of their own (parallel fetch streams). `tls_name`:
+        the name the server's certificate is checked against when `target`
+        is an address found by looking that name up (the caller's
+        TLS.server_name wins)."""
+        key = (target, tls_name, lane)
         with self._lock:
-            ch = self._channels.get((target, lane))
+            ch = self._channels.get(key)
             if ch is None:
-                ch = self._open(target, lane)
-                self._channels[(target, lane)] = ch
+                ch = self._open(target, lane, tls_name)
+                self._channels[key] = ch
             return ch
 
-    def _open(self, target, lane=0):
+    def _open(self, target, lane=0, tls_name=""):
         options = list(self._options)
         if lane:
             options.append(("grpc.use_local_subchannel_pool", 1))
+        if tls_name and self.tls is not None and not self.tls.server_name:
+            options.append(("grpc.ssl_target_name_override", tls_name))
         if self.tls is None:
             return grpc.insecure_channel(target, options=options)
         creds = self.tls.credentials()

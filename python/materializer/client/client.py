@@ -1,6 +1,7 @@
 """Typed calls to materializerd: deadlines, retries of idempotent calls,
 errors that carry the gRPC status and the server's message."""
 
+import logging
 import os
 import random
 import threading
@@ -10,15 +11,20 @@ import grpc
 
 from materializer._proto import pb
 from materializer.client.channel import Connection
+from materializer.client.replicas import DISCOVERY_TIMEOUT_S, ReplicaSet
 from materializer.client.session import Session
 from materializer.errors import RpcError
 
 from materializer.v1 import materializer_pb2_grpc as pb_grpc
 
+log = logging.getLogger("materializer")
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 _FETCH_METHOD = "/materializer.v1.Materializer/FetchWeights"
 # Transient failures worth another try for a call that can be repeated.
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE,)
+# Answers after which an id naming no replica is tried on the next one.
+_TRY_NEXT_CODES = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
+                   grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class Chunk:
@@ -82,11 +88,41 @@ def parse_chunk(raw):
     return Chunk(offset, data, total, digest)
 
 
+class ReplicaResult:
+    """One server's answer to a call made on every replica: `replica` (its
+    name; "" for a single server or an unnamed replica), `address`, and
+    either `result` (the response) or `error` (a materializer.RpcError)."""
+
+    def __init__(self, replica, address, result=None, error=None):
+        self.replica = replica
+        self.address = address
+        self.result = result
+        self.error = error
+
+    def __repr__(self):
+        what = f"error={self.error}" if self.error is not None else "ok"
+        return f"ReplicaResult({self.replica!r}, {self.address!r}, {what})"
+
+
+class HandleList(list):
+    """ListHandles over every replica: the HandleSummary of every replica
+    that answered, oldest first; `failed` lists a ReplicaResult for each
+    replica (or address) that did not answer."""
+
+    def __init__(self, handles=(), failed=()):
+        super().__init__(handles)
+        self.failed = list(failed)
+
+
 class Client:
     """A connection to materializerd with a session.
 
     address: "host:port" (default: $MATERIALIZER_ADDRESS, else
-      127.0.0.1:50051).
+      127.0.0.1:50051); or several replicas: "host:port,host:port,..." or a
+      name with several addresses (a headless Service). Each call then goes
+      to the replica its handle id names, Materialize and Plan to the one
+      with the most room (docs/api.md, "Several replicas").
+    discovery_deadline: seconds for GetServerInfo at each replica's address.
     tls, token, client_name: identity (see Connection).
     deadline: seconds for each call (Materialize: materialize_deadline);
       a call that takes longer fails with DEADLINE_EXCEEDED.
@@ -96,7 +132,7 @@ class Client:
       Materialize is never repeated (a repeat could create a second handle).
     session: open an Attach session on first use and bind every handle
       this client creates to it, so they are released when this process
-      ends, however it ends.
+      ends, however it ends (one session per replica materialized on).
 
     Usable from several threads. close() ends the session (the server
     releases its handles after the grace period) and the channels.
@@ -104,7 +140,7 @@ class Client:
 
     def __init__(self, address=None, *, tls=None, token=None, client_name=None,
                  deadline=60.0, materialize_deadline=3600.0, retries=4,
-                 session=True, options=()):
+                 session=True, options=(), discovery_deadline=DISCOVERY_TIMEOUT_S):
         self.address = address or os.environ.get("MATERIALIZER_ADDRESS",
                                                   DEFAULT_ADDRESS)
         self.deadline = deadline
@@ -114,67 +150,106 @@ class Client:
         self._conn = Connection(tls=tls, token=token, client_name=client_name,
                                 options=options)
         self._lock = threading.Lock()
-        self._stubs = {}      # target -> stub; guarded by _lock
-        self._fetchers = {}   # (target, lane) -> raw FetchWeights callable
-        self._sessions = {}   # target -> Session
+        self._stubs = {}      # replica.key -> stub; guarded by _lock
+        self._fetchers = {}   # (replica.key, lane) -> raw FetchWeights callable
+        self._sessions = {}   # replica.key -> Session
         self._closed = False
+        self._replicas = ReplicaSet(self.address, self._stub, self._conn.metadata,
+                                    discovery_deadline)
 
     # -- routing -------------------------------------------------------------
-    def _target(self, handle=None):
-        """The server that answers a call about `handle` (or a new one).
-        The one place that chooses a target: with replicas, a handle id
-        names its replica and this maps it to an address."""
-        return self.address
+    def _target(self, method, handle=None, placement=None, replica=None):
+        """The servers to try, in turn, for a call: the one server; or, with
+        several replicas, the replica `handle` (a handle or export id)
+        names, else the one with the most room for `placement` (or the one
+        named `replica`). The one place that chooses where a call goes."""
+        if handle is not None:
+            return self._replicas.for_id(handle, method)
+        return [self._replicas.for_placement(placement or pb.Placement(), method, replica)]
 
-    def _stub(self, target):
+    def has_replicas(self):
+        """True when the address names several servers (decided from the
+        address alone, without a call)."""
+        return self._replicas.single() is None
+
+    def _stub(self, replica):
         with self._lock:
             if self._closed:
                 raise RuntimeError("materializer.Client is closed")
-            stub = self._stubs.get(target)
+            stub = self._stubs.get(replica.key)
             if stub is None:
-                stub = pb_grpc.MaterializerStub(self._conn.channel(target))
-                self._stubs[target] = stub
+                stub = pb_grpc.MaterializerStub(
+                    self._conn.channel(replica.address, tls_name=replica.tls_name))
+                self._stubs[replica.key] = stub
             return stub
 
-    def session(self, target=None):
-        """The session for `target` (opened on first use), or None when
-        sessions are off."""
+    def session(self, handle=None):
+        """The session (opened on first use) on the server, or, with several
+        replicas, on the replica holding `handle`; None when sessions are
+        off."""
+        if handle is None:
+            replica = self._replicas.single()
+            if replica is None:
+                raise ValueError(f"{self.address} names several replicas, each with its own "
+                                 "session: pass the handle whose session you want")
+        else:
+            replica = self._target("Attach", handle=handle)[0]
+        return self._session_on(replica)
+
+    def _session_on(self, replica):
         if not self._use_session:
             return None
-        target = target or self._target()
-        stub = self._stub(target)
+        stub = self._stub(replica)
         with self._lock:
-            s = self._sessions.get(target)
+            s = self._sessions.get(replica.key)
         if s is None:
-            opened = Session(stub, self._conn.metadata(), target)
+            try:
+                opened = Session(stub, self._conn.metadata(), replica.address)
+            except RpcError as e:
+                raise self._replicas.explain(replica, e) from None
             with self._lock:
-                s = self._sessions.setdefault(target, opened)
+                s = self._sessions.setdefault(replica.key, opened)
             if s is not opened:
                 opened.close()
         if s.lost:
             raise RpcError("Attach", grpc.StatusCode.UNAVAILABLE,
-                           f"session {s.id} is gone: {s.lost}", target)
+                           f"session {s.id} is gone: {s.lost}", replica.address)
         return s
 
     # -- one call ------------------------------------------------------------
-    def _call(self, method, request, *, handle=None, idempotent=True,
-              timeout=None, with_session=False):
-        target = self._target(handle)
+    def _call(self, method, request, *, handle=None, placement=None, replica=None,
+              idempotent=True, timeout=None, with_session=False):
+        routes = self._target(method, handle=handle, placement=placement, replica=replica)
+        # Several routes only for an id that names no replica: the first
+        # replica that knows it answers.
+        for i, route in enumerate(routes):
+            try:
+                return self._call_on(route, method, request, idempotent=idempotent,
+                                     timeout=timeout, with_session=with_session)
+            except RpcError as e:
+                if i + 1 == len(routes) or e.code not in _TRY_NEXT_CODES:
+                    raise
+
+    def _call_on(self, replica, method, request, *, idempotent, timeout, with_session):
         extra = ()
         if with_session:
-            s = self.session(target)
+            s = self._session_on(replica)
             if s is not None:
                 extra = s.metadata()
         md = self._conn.metadata(extra)
         timeout = self.deadline if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        fn = getattr(self._stub(target), method)
+        fn = getattr(self._stub(replica), method)
+        # One server: a call waits (within its deadline) for it to come up.
+        # Among replicas, one that is down fails fast, so that its handles'
+        # calls say so while the others keep serving.
+        wait_for_ready = not self.has_replicas()
         attempt = 0
         while True:
             left = deadline - time.monotonic()
             try:
                 return _wait(fn.future(request, metadata=md, timeout=max(left, 0.001),
-                                       wait_for_ready=True))
+                                       wait_for_ready=wait_for_ready))
             except grpc.RpcError as e:
                 code = e.code()
                 if (idempotent and code in _RETRY_CODES and attempt < self.retries
@@ -182,24 +257,61 @@ class Client:
                     time.sleep(min(0.1 * 2 ** attempt, 2.0) * (0.5 + random.random()))
                     attempt += 1
                     continue
-                raise RpcError(method, code, e.details() or "", target) from None
+                raise self._replicas.explain(
+                    replica, RpcError(method, code, e.details() or "", replica.address)) from None
+
+    def _on_every_replica(self, method, request, timeout):
+        """[ReplicaResult]: `method` on the one server, or on every replica
+        that answers discovery (in name order, in parallel), then an entry
+        for each address that did not."""
+        only = self._replicas.single()
+        found = None
+        if only is not None:
+            routes = [only]
+        else:
+            found = self._replicas.reachable()
+            routes = [d.replica for d in found if d.replica is not None]
+        results = [ReplicaResult(r.name, r.address) for r in routes]
+
+        def ask(entry, route):
+            try:
+                entry.result = self._call_on(route, method, request, idempotent=True,
+                                             timeout=timeout, with_session=False)
+            except RpcError as e:
+                entry.error = e
+
+        threads = [threading.Thread(target=ask, args=(entry, route), daemon=True)
+                   for entry, route in zip(results, routes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for d in found or ():
+            if d.replica is None:
+                results.append(ReplicaResult("", d.address, error=d.error))
+        return results
 
     # -- the API ---------------------------------------------------------------
-    def plan(self, model, placement=None, timeout=None):
-        """PlanResponse for a ModelSpec (bytes, where it fits now)."""
+    def plan(self, model, placement=None, timeout=None, replica=None):
+        """PlanResponse for a ModelSpec (bytes, where it fits now), from the
+        replica Materialize would choose (or the one named `replica`)."""
         req = pb.PlanRequest(model=model, placement=_placement(placement))
-        return self._call("Plan", req, timeout=timeout)
+        return self._call("Plan", req, placement=req.placement, replica=replica,
+                          timeout=timeout)
 
     def materialize(self, model, placement=None, *, label="", exportable=False,
-                    ttl=None, async_=False, timeout=None):
+                    ttl=None, async_=False, timeout=None, replica=None):
         """MaterializeResponse; the handle is bound to this client's session
-        (when sessions are on), else leased for `ttl` seconds."""
+        (when sessions are on; on that replica), else leased for `ttl`
+        seconds. With several replicas it lands on the one with the most
+        room for `placement`, or on the one named `replica`."""
         req = pb.MaterializeRequest(model=model, placement=_placement(placement),
                                     label=label, exportable=exportable,
                                     **{"async": async_})
         if ttl is not None:
             req.ttl.FromNanoseconds(int(ttl * 1e9))
-        return self._call("Materialize", req, idempotent=False,
+        return self._call("Materialize", req, placement=req.placement, replica=replica,
+                          idempotent=False,
                           timeout=self.materialize_deadline if timeout is None else timeout,
                           with_session=True)
 
@@ -220,10 +332,45 @@ class Client:
                           timeout=timeout)
 
     def list_handles(self, timeout=None):
-        return self._call("ListHandles", pb.ListHandlesRequest(), timeout=timeout).handles
+        """The caller's handles, oldest first. With several replicas: those
+        of every replica that answered, merged, as a HandleList whose
+        `failed` names the replicas that did not (RpcError only when none
+        answered)."""
+        if not self.has_replicas():
+            return self._call("ListHandles", pb.ListHandlesRequest(), timeout=timeout).handles
+        each = self._on_every_replica("ListHandles", pb.ListHandlesRequest(), timeout)
+        answered = [e for e in each if e.error is None]
+        failed = [e for e in each if e.error is not None]
+        if not answered:
+            raise failed[0].error
+        handles = [h for e in answered for h in e.result.handles]
+        handles.sort(key=lambda h: (h.created_at.seconds, h.created_at.nanos, h.handle))
+        for e in failed:
+            log.warning("materializer: ListHandles: %s is missing from the list: %s",
+                        e.replica or e.address, e.error)
+        return HandleList(handles, failed)
 
-    def stats(self, timeout=None):
-        return self._call("GetStats", pb.GetStatsRequest(), timeout=timeout)
+    def stats(self, timeout=None, replica=None):
+        """GetStatsResponse of the server; with several replicas, of the one
+        named `replica` (stats_by_replica() asks them all)."""
+        if replica is None and self.has_replicas():
+            raise ValueError(f"{self.address} names several replicas: use "
+                             "stats_by_replica(), or stats(replica=NAME)")
+        return self._call("GetStats", pb.GetStatsRequest(), replica=replica, timeout=timeout)
+
+    def stats_by_replica(self, timeout=None):
+        """[ReplicaResult] of GetStats: one per replica, by name, then one
+        per address that did not answer (one entry for a single server)."""
+        return self._on_every_replica("GetStats", pb.GetStatsRequest(), timeout)
+
+    def replicas(self):
+        """[ReplicaResult] of GetServerInfo at every address of the target
+        now (the replicas, their advertised addresses and free memory per
+        device), replicas by name, then the addresses that did not answer."""
+        return [ReplicaResult(d.replica.name if d.replica else "",
+                              d.replica.address if d.replica else d.address,
+                              result=d.info, error=d.error)
+                for d in self._replicas.reachable()]
 
     def export(self, handle, importer_device_uuid="", timeout=None):
         # Not repeated: a repeat after a lost answer would leave an export
@@ -234,8 +381,11 @@ class Client:
                           handle=handle, idempotent=False, timeout=timeout)
 
     def close_export(self, export_id, handle=None, timeout=None):
+        """Closes an export. It goes where `export_id` says: an export id
+        ends with its handle's id (`handle` is accepted and not needed)."""
+        del handle
         return self._call("CloseExport", pb.CloseExportRequest(export_id=export_id),
-                          handle=handle, idempotent=False, timeout=timeout)
+                          handle=export_id, idempotent=False, timeout=timeout)
 
     def fetch(self, handle, *, offset=0, timeout=None, lane=0, **fields):
         """A FetchStream: iterate it for the chunks of a FetchWeights stream
@@ -243,19 +393,25 @@ class Client:
         before the next one if you keep it); cancel() stops it from another
         thread. Resumes from the next offset after UNAVAILABLE, up to
         `retries` times. `timeout` bounds the whole stream (default: none).
-        `lane`: streams on different lanes use different connections."""
-        target = self._target(handle)
+        `lane`: streams on different lanes use different connections.
+        With several replicas it streams from the replica `handle` names."""
+        routes = [(r, self._fetcher(r, lane))
+                  for r in self._target("FetchWeights", handle=handle)]
+        return FetchStream(routes, handle, offset, fields, self._conn.metadata(), timeout,
+                           self.retries, wait_for_ready=not self.has_replicas(),
+                           explain=self._replicas.explain)
+
+    def _fetcher(self, replica, lane):
         with self._lock:
-            fetcher = self._fetchers.get((target, lane))
+            fetcher = self._fetchers.get((replica.key, lane))
         if fetcher is None:
-            fetcher = self._conn.channel(target, lane).unary_stream(
+            fetcher = self._conn.channel(replica.address, lane, replica.tls_name).unary_stream(
                 _FETCH_METHOD,
                 request_serializer=pb.FetchRequest.SerializeToString,
                 response_deserializer=None)
             with self._lock:
-                self._fetchers[(target, lane)] = fetcher
-        return FetchStream(fetcher, handle, offset, fields, self._conn.metadata(), timeout,
-                           self.retries, target)
+                self._fetchers[(replica.key, lane)] = fetcher
+        return fetcher
 
     def close(self):
         with self._lock:
@@ -292,17 +448,24 @@ def _wait(future):
 
 class FetchStream:
     """The chunks of one FetchWeights stream (see Client.fetch). Iterate it
-    in one thread; cancel() from any thread."""
+    in one thread; cancel() from any thread.
 
-    def __init__(self, fetcher, handle, offset, fields, metadata, timeout, retries, target):
-        self._fetcher = fetcher
+    `routes`: (replica, fetcher) pairs to try in turn (several only for an
+    id that names no replica among several: the next is asked after a
+    NOT_FOUND before the first chunk); `explain(replica, RpcError)` turns
+    the final error into the one to raise."""
+
+    def __init__(self, routes, handle, offset, fields, metadata, timeout, retries,
+                 wait_for_ready=True, explain=None):
+        self._routes = routes
         self._handle = handle
         self._offset = offset
         self._fields = fields
         self._md = metadata
         self._timeout = timeout
         self._retries = retries
-        self._target = target
+        self._wait_for_ready = wait_for_ready
+        self._explain = explain or (lambda replica, error: error)
         self._lock = threading.Lock()
         self._call = None       # guarded by _lock
         self._cancelled = False  # guarded by _lock
@@ -316,29 +479,39 @@ class FetchStream:
 
     def __iter__(self):
         attempt = 0
+        route = 0
+        started = False
         next_offset = self._offset
         while True:
+            replica, fetcher = self._routes[route]
             req = pb.FetchRequest(handle=self._handle, offset=next_offset, **self._fields)
             with self._lock:
                 if self._cancelled:
                     raise RpcError("FetchWeights", grpc.StatusCode.CANCELLED,
-                                   "cancelled by the client", self._target)
-                call = self._call = self._fetcher(req, metadata=self._md, timeout=self._timeout,
-                                                  wait_for_ready=True)
+                                   "cancelled by the client", replica.address)
+                call = self._call = fetcher(req, metadata=self._md, timeout=self._timeout,
+                                            wait_for_ready=self._wait_for_ready)
             try:
                 for raw in call:
                     chunk = parse_chunk(raw)
                     next_offset = chunk.offset + len(chunk.data)
+                    started = True
                     yield chunk
                 return
             except grpc.RpcError as e:
-                if (e.code() in _RETRY_CODES and attempt < self._retries
+                code = e.code()
+                if (not started and code in _TRY_NEXT_CODES
+                        and route + 1 < len(self._routes) and not self._cancelled):
+                    route += 1
+                    attempt = 0
+                    continue
+                if (code in _RETRY_CODES and attempt < self._retries
                         and not self._cancelled):
                     time.sleep(min(0.1 * 2 ** attempt, 2.0))
                     attempt += 1
                     continue
-                raise RpcError("FetchWeights", e.code(), e.details() or "",
-                               self._target) from None
+                raise self._explain(replica, RpcError("FetchWeights", code, e.details() or "",
+                                                      replica.address)) from None
             finally:
                 call.cancel()
 
