@@ -10,6 +10,18 @@
 #include "absl/strings/str_format.h"
 
 namespace materializer {
+namespace {
+
+// The text a byte-count error echoes, bounded: these messages travel in
+// gRPC trailers (server/common/quote.h says why that matters).
+std::string Shown(absl::string_view text) {
+  constexpr size_t kMaxShown = 64;
+  if (text.size() <= kMaxShown) return absl::StrCat("'", text, "'");
+  return absl::StrCat("'", text.substr(0, kMaxShown), "...' (", text.size(),
+                      " bytes)");
+}
+
+}  // namespace
 
 absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
   const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
@@ -37,7 +49,7 @@ absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
   double value = 0;
   if (number.empty() || multiplier < 0 || !absl::SimpleAtod(number, &value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "' is not a byte count (examples: 1048576, 512MiB, 16GiB)"));
+        Shown(text), " is not a byte count (examples: 1048576, 512MiB, 16GiB)"));
   }
   // Plain integers take the exact integer path: a double would round counts
   // above 2^53.
@@ -45,13 +57,13 @@ absl::StatusOr<uint64_t> ParseBytes(absl::string_view text) {
     uint64_t exact = 0;
     if (absl::SimpleAtoi(number, &exact)) return exact;
     return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' does not fit in 64 bits"));
+        absl::StrCat(Shown(text), " does not fit in 64 bits"));
   }
   const double bytes = std::floor(value * multiplier);
   // 2^64 is exactly representable; anything at or above it overflows.
   if (!(bytes >= 0) || bytes >= 18446744073709551616.0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' does not fit in 64 bits"));
+        absl::StrCat(Shown(text), " does not fit in 64 bits"));
   }
   return static_cast<uint64_t>(bytes);
 }

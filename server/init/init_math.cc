@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/quote.h"
 
 namespace materializer::init {
 namespace {
@@ -80,7 +81,7 @@ absl::StatusOr<double> CalculateGain(absl::string_view nonlinearity,
   }
   if (nonlinearity == "selu") return 3.0 / 4;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown nonlinearity \"", nonlinearity, "\"; use one of ",
+      absl::StrCat("unknown nonlinearity ", Quote(nonlinearity), "; use one of ",
                    KnownNonlinearities()));
 }
 
@@ -131,7 +132,7 @@ absl::StatusOr<FanMode> ParseFanMode(absl::string_view mode) {
   if (lower.empty() || lower == "fan_in") return FanMode::kFanIn;
   if (lower == "fan_out") return FanMode::kFanOut;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown mode \"", mode, "\"; use one of fan_in, fan_out"));
+      absl::StrCat("unknown mode ", Quote(mode), "; use one of fan_in, fan_out"));
 }
 
 double XavierStd(const Fans& fans, double gain) {

@@ -12,8 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "server/common/quote.h"
 #include "server/init/init_math.h"
 #include "server/init/schemes.h"
+#include "server/spec/limits.h"
 
 namespace materializer::init {
 namespace {
@@ -96,7 +98,8 @@ std::string ShapeText(const Shape& shape) {
 }
 
 std::string TensorPath(int index, const spec::TensorDesc& tensor) {
-  return absl::StrCat("model.tensors[", index, "] (\"", tensor.name, "\")");
+  return absl::StrCat("model.tensors[", index, "] (",
+                      Quote(tensor.name, spec::kMaxNameLength), ")");
 }
 
 std::string FullName(absl::string_view module, absl::string_view local) {
@@ -105,7 +108,7 @@ std::string FullName(absl::string_view module, absl::string_view local) {
 
 std::string ModuleText(absl::string_view type, absl::string_view module) {
   return module.empty() ? absl::StrCat(type, " (root module)")
-                        : absl::StrCat(type, " \"", module, "\"");
+                        : absl::StrCat(type, " ", Quote(module, spec::kMaxNameLength));
 }
 
 v1::InitScheme Zeros() {
@@ -721,7 +724,7 @@ absl::StatusOr<ModulePlans> PlanModuleDefaults(
   for (int j = 0; j < model.modules_size(); ++j) {
     const v1::ModuleSpec& module = model.modules(j);
     const std::string path =
-        absl::StrCat("model.modules[", j, "] (\"", module.name(), "\")");
+        absl::StrCat("model.modules[", j, "] (", Quote(module.name()), ")");
     auto [it, inserted] = specs.emplace(module.name(), j);
     if (!inserted) {
       return absl::InvalidArgumentError(
@@ -741,9 +744,9 @@ absl::StatusOr<ModulePlans> PlanModuleDefaults(
           continue;
         }
         return absl::InvalidArgumentError(absl::StrCat(
-            path, ": type \"", module.type(), "\" disagrees with ",
-            TensorPath(i, tensors[i]), ".module_type \"",
-            tensors[i].module_type, "\"; they must name the same class"));
+            path, ": type ", Quote(module.type()), " disagrees with ",
+            TensorPath(i, tensors[i]), ".module_type ",
+            Quote(tensors[i].module_type), "; they must name the same class"));
       }
     }
     if (module.has_padding_idx()) {
@@ -777,11 +780,11 @@ absl::StatusOr<ModulePlans> PlanModuleDefaults(
       if (found_at >= 0 && type != found) {
         return absl::InvalidArgumentError(absl::StrCat(
             TensorPath(for_tensor, tensors[for_tensor]),
-            ": module_default cannot tell the type of module \"", module,
-            "\": ", TensorPath(found_at, tensors[found_at]),
-            " says module_type \"", tensors[found_at].module_type, "\" and ",
-            TensorPath(i, tensors[i]), " says \"", tensors[i].module_type,
-            "\"; add a model.modules entry for it"));
+            ": module_default cannot tell the type of module ", Quote(module),
+            ": ", TensorPath(found_at, tensors[found_at]), " says module_type ",
+            Quote(tensors[found_at].module_type), " and ",
+            TensorPath(i, tensors[i]), " says ", Quote(tensors[i].module_type),
+            "; add a model.modules entry for it"));
       }
       found = type;
       found_at = i;
@@ -803,18 +806,18 @@ absl::StatusOr<ModulePlans> PlanModuleDefaults(
     if (type->empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           TensorPath(first, tensors[first]),
-          ": module_default needs the type of module \"", module,
-          "\": set the tensor's module_type or add a model.modules entry "
-          "{name: \"",
-          module, "\", type: ...}; known types: ", KnownModuleTypes()));
+          ": module_default needs the type of module ", Quote(module),
+          ": set the tensor's module_type or add a model.modules entry "
+          "{name: ",
+          Quote(module), ", type: ...}; known types: ", KnownModuleTypes()));
     }
     const TypeInfo* info = FindType(*type);
     if (info == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           TensorPath(first, tensors[first]),
           ": module_default does not know "
-          "the module type \"",
-          *type, "\" (module \"", module, "\"); known types: ",
+          "the module type ",
+          Quote(*type), " (module ", Quote(module), "); known types: ",
           KnownModuleTypes(), ". Give its tensors explicit inits instead"));
     }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/init/values.h"
+#include "server/common/quote.h"
 #include "server/spec/limits.h"
 
 namespace materializer::init {
@@ -89,8 +90,8 @@ absl::StatusOr<RopeType> ParseRopeType(const std::string& type) {
   if (type == "dynamic") return RopeType::kDynamic;
   if (type == "llama3") return RopeType::kLlama3;
   if (type == "yarn") return RopeType::kYarn;
-  return Invalid(absl::StrCat("rope_inv_freq.scaling.type is \"", type,
-                              "\"; use one of ", kRopeTypes));
+  return Invalid(absl::StrCat("rope_inv_freq.scaling.type is ", Quote(type),
+                              "; use one of ", kRopeTypes));
 }
 
 absl::Status CheckRope(const v1::RopeInvFreq& rope) {

@@ -30,8 +30,11 @@ template <typename T>
 v1::Values Values(const std::vector<T>& elements) {
   v1::Values values;
   values.mutable_data()->resize(elements.size() * sizeof(T));
-  std::memcpy(values.mutable_data()->data(), elements.data(),
-              values.data().size());
+  // memcpy from an empty vector's data() (null) is undefined.
+  if (!elements.empty()) {
+    std::memcpy(values.mutable_data()->data(), elements.data(),
+                values.data().size());
+  }
   return values;
 }
 
