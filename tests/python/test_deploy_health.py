@@ -184,3 +184,21 @@ def test_health_goes_not_serving_when_the_drain_begins(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_second_server_on_the_same_main_port_refuses_to_start():
+    """gRPC's default SO_REUSEPORT would let a second materializerd share a
+    busy port and take part of the new connections, each server with its own
+    ledger and handles. The second one must exit with a clear error."""
+    with serverproc.running_server() as first:
+        proc = subprocess.run(
+            [serverproc.SERVER_BIN, f"--listen={first.address}",
+             "--devices=cpu", "--cpu_capacity=64MiB"],
+            capture_output=True, text=True, timeout=60,
+            stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0, (proc.stdout, proc.stderr[-2000:])
+        assert "listening" not in proc.stdout, proc.stdout
+        assert f"cannot listen on {first.address}" in proc.stderr, \
+            proc.stderr[-2000:]
+        # The first server still owns the port and answers.
+        assert first.stats().devices, "the first server stopped answering"
