@@ -329,9 +329,10 @@ void FillNative(at::Tensor& t, const v1::InitScheme& scheme,
       Sparse(t, GetParams(scheme.sparse()), Need(generator), *permutations);
       return;
     case v1::InitScheme::kEmpty:
-      // CPU arenas are fresh anonymous pages (zeros from the kernel); CUDA
-      // memory comes from the caching allocator and may hold another
-      // handle's bytes, so it is zeroed.
+      // CPU arenas are fresh anonymous pages (zeros from the kernel). A
+      // CUDA arena is a cudaMalloc of its own, and cudaMalloc does not
+      // clear memory: it may hold bytes a released handle (another
+      // client's) left there, so it is zeroed.
       if (!t.device().is_cpu()) t.zero_();
       return;
     case v1::InitScheme::kArange:

@@ -1,7 +1,6 @@
 #include "server/init/portable_fill.h"
 
 #include <ATen/ops/empty.h>
-#include <dlfcn.h>
 
 #include <cmath>
 #include <stdexcept>
@@ -25,25 +24,6 @@ template <typename T>
 T OrFail(absl::StatusOr<T> value) {
   if (!value.ok()) Fail(value.status());
   return *std::move(value);
-}
-
-// Waits for work queued on CUDA's legacy default stream.
-void SynchronizeCuda() {
-  using Synchronize = int (*)();
-  static const Synchronize synchronize = [] {
-    for (const char* name :
-         {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
-      if (void* runtime = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) {
-        return reinterpret_cast<Synchronize>(
-            dlsym(runtime, "cudaDeviceSynchronize"));
-      }
-    }
-    return static_cast<Synchronize>(nullptr);
-  }();
-  if (synchronize == nullptr || synchronize() != 0) {
-    Fail(absl::InternalError("cudaDeviceSynchronize failed after a portable "
-                             "fill"));
-  }
 }
 
 }  // namespace
@@ -89,10 +69,10 @@ void FillPortableStep(at::Tensor& view, const spec::TensorDesc& desc,
   at::Tensor out =
       dst.is_contiguous() ? dst : at::empty(dst.sizes(), dst.options());
   if (out.is_cuda()) {
-    absl::Status status =
-        portable::FillPortableCuda(request, out.data_ptr(), nullptr);
+    // On the tensor's own device, whatever device this worker has current.
+    absl::Status status = portable::FillPortableCudaOn(
+        request, static_cast<int>(out.get_device()), out.data_ptr());
     if (!status.ok()) Fail(status);
-    SynchronizeCuda();
   } else {
     portable::FillOptions options;
     options.threads = threads;

@@ -32,6 +32,13 @@ CudaResult CudaDeviceCount(int* count);
 CudaResult LaunchPortableFill(const KernelParams& k, const RunLayout& layout,
                               void* device_out, CUstream_st* stream);
 
+// Fills device memory `device_out` of CUDA device `device` and waits for
+// it: the launch and the wait run with `device` current (a kernel launched
+// on whichever device the calling thread had current would write another
+// GPU's memory), and the thread's current device is restored afterwards.
+CudaResult FillOnDevice(const KernelParams& k, const RunLayout& layout,
+                        int device, void* device_out);
+
 // Synchronous round trip for tests and tools: allocates `bytes` on
 // `device`, fills, copies to host_out, frees.
 CudaResult FillViaDevice(const KernelParams& k, const RunLayout& layout,

@@ -59,6 +59,15 @@ absl::Status FillPortableCuda(const PortableRequest& request, void* device_out,
       "portable CUDA fill");
 }
 
+absl::Status FillPortableCudaOn(const PortableRequest& request, int device,
+                                void* device_out) {
+  absl::StatusOr<Prepared> p = Prepare(request);
+  if (!p.ok()) return p.status();
+  return ToStatus(
+      internal::FillOnDevice(p->params, p->layout, device, device_out),
+      "portable CUDA fill");
+}
+
 absl::Status FillPortableCudaToHost(const PortableRequest& request,
                                     void* host_out, int device) {
   absl::StatusOr<Prepared> p = Prepare(request);

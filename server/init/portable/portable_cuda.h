@@ -31,6 +31,13 @@ absl::StatusOr<int> PortableCudaDeviceCount();
 absl::Status FillPortableCuda(const PortableRequest& request, void* device_out,
                               CUstream_st* stream);
 
+// Fills `device_out`, memory of CUDA device `device`, and waits until the
+// fill is done, with that device current for the launch (the calling
+// thread's current device is restored). What the server's init uses: a
+// worker thread's current device says nothing about where a tensor lives.
+absl::Status FillPortableCudaOn(const PortableRequest& request, int device,
+                                void* device_out);
+
 // Fills on `device` and copies the bytes to host memory `host_out`;
 // synchronous. For tests and tools (the CUDA-vs-CPU bit-equality test).
 absl::Status FillPortableCudaToHost(const PortableRequest& request,

@@ -100,6 +100,24 @@ CudaResult LaunchPortableFill(const KernelParams& k, const RunLayout& layout,
   return Result(cudaErrorInvalidValue);
 }
 
+CudaResult FillOnDevice(const KernelParams& k, const RunLayout& layout,
+                        int device, void* device_out) {
+  int previous = -1;
+  cudaError_t error = cudaGetDevice(&previous);
+  if (error != cudaSuccess) return Result(error);
+  if (previous != device) {
+    error = cudaSetDevice(device);
+    if (error != cudaSuccess) return Result(error);
+  }
+  CudaResult result = LaunchPortableFill(k, layout, device_out, nullptr);
+  if (result.code == 0) result = Result(cudaDeviceSynchronize());
+  if (previous != device) {
+    const cudaError_t restored = cudaSetDevice(previous);
+    if (result.code == 0) result = Result(restored);
+  }
+  return result;
+}
+
 CudaResult FillViaDevice(const KernelParams& k, const RunLayout& layout,
                          int device, void* host_out, size_t bytes) {
   cudaError_t error = cudaSetDevice(device);

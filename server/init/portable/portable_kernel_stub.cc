@@ -33,6 +33,10 @@ CudaResult LaunchPortableFill(const KernelParams&, const RunLayout&, void*,
   return NotBuilt();
 }
 
+CudaResult FillOnDevice(const KernelParams&, const RunLayout&, int, void*) {
+  return NotBuilt();
+}
+
 CudaResult FillViaDevice(const KernelParams&, const RunLayout&, int, void*,
                          size_t) {
   return NotBuilt();
