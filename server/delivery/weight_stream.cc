@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/log.h"
 #include "server/common/status_macros.h"
 
 namespace materializer::delivery {
@@ -66,7 +67,14 @@ WeightStream::WeightStream(std::shared_ptr<const memory::Arena> arena,
     // plain (synchronous) copies.
     absl::StatusOr<std::unique_ptr<memory::HostStaging>> staging =
         memory::HostStaging::Create(*arena_, chunk_bytes_);
-    if (staging.ok()) staging_ = std::move(*staging);
+    if (staging.ok()) {
+      staging_ = std::move(*staging);
+    } else {
+      // Still correct, only slower: say so, or a slow fetch has no cause.
+      MLOG(WARNING) << "fetch from a CUDA arena without pinned staging ("
+                    << staging.status().message()
+                    << "); chunks are copied synchronously";
+    }
     PrefetchFrom(position_);
   }
 }
