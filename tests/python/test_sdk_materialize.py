@@ -208,17 +208,21 @@ def test_deadline_and_wait_for_a_server_that_starts_later(tmp_path):
 
 
 TRAINER = textwrap.dedent("""
-    import faulthandler, os, signal, sys, time
+    import faulthandler, os, signal, sys, threading, time
     import torch, torch.nn as nn
     import materializer as mz
     from materializer.load import stream
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks, if it hangs
     slow = stream._Sink.write
+    never = threading.Event()
     def write(self, offset, data):
         if offset == 0:
             print("loading", flush=True)
-        time.sleep(0.05)          # a slow trainer, so that it dies mid-load
+            # The first chunk waits here until the test's signal ends the
+            # process (30 s at most), so the signal always lands mid-load
+            # however slow the machine is.
+            never.wait(30)
         return slow(self, offset, data)
     stream._Sink.write = write
     with torch.device("meta"):

@@ -439,7 +439,10 @@ def _wait(future):
     done = threading.Event()
     future.add_done_callback(lambda _: done.set())
     try:
-        done.wait()
+        # Short waits: a Ctrl-C is handled between two of them even when
+        # the kernel delivered the signal to another thread of the process.
+        while not done.wait(0.25):
+            pass
     except BaseException:
         future.cancel()
         raise

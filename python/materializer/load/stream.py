@@ -219,7 +219,10 @@ class _StreamLoad:
 
     def wait(self):
         """Waits for the end; raises what went wrong."""
-        self.done.wait()
+        # Short waits: a Ctrl-C is handled between two of them even when
+        # the kernel delivered the signal to another thread of the process.
+        while not self.done.wait(0.25):
+            pass
         if self.errors:
             raise self.errors[0]
         self.sink.finish()
