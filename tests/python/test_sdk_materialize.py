@@ -237,8 +237,13 @@ def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    # A shell without job control starts background commands with SIGINT
+    # ignored, and children inherit that (Python then installs no
+    # KeyboardInterrupt handler): give the trainer the default, as a
+    # terminal's Ctrl-C finds it.
     proc = subprocess.Popen([sys.executable, str(script), srv.address], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "loading"
     assert srv.stats().handles == 1
     proc.send_signal(how)
