@@ -17,6 +17,7 @@ from materializer.client import Client
 from materializer.errors import LoadError, RpcError
 from materializer.load import (Targets, check_loaded, copy_cuda_ipc, device_uuid,
                                load_stream, shm_views)
+from materializer.load.resident import MakeResident
 
 log = logging.getLogger("materializer")
 TRANSPORTS = ("auto", "stream", "shm", "ipc")
@@ -136,15 +137,27 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
         client = Client(server)
     try:
         mode, where, replica = _choose(client, transport, device, placement)
-        resp = client.materialize(spec.to_proto(), where, label=label,
-                                  exportable=(mode == "shm"), replica=replica)
-        t_mat = time.perf_counter()
+        # Streamed CPU weights land in new tensors whose pages are mapped on
+        # first write; allocating them now and making them resident while
+        # the server materializes takes those faults off the transfer
+        # (load/resident.py says what it costs).
+        early = resident = None
+        if mode == "stream" and device.type == "cpu" and not targets.managed:
+            early = targets.new_tensors(device)
+            resident = MakeResident(list(early.values())).start()
         try:
-            mode = _load(client, resp.handle, spec, targets, device, mode, transport,
-                         progress, verify, streams)
-        except BaseException:
-            _release(client, resp.handle, force=True)
-            raise
+            resp = client.materialize(spec.to_proto(), where, label=label,
+                                      exportable=(mode == "shm"), replica=replica)
+            t_mat = time.perf_counter()
+            try:
+                mode = _load(client, resp.handle, spec, targets, device, mode, transport,
+                             progress, verify, streams, dests=early)
+            except BaseException:
+                _release(client, resp.handle, force=True)
+                raise
+        finally:
+            if resident is not None:
+                resident.stop()
         t_load = time.perf_counter()
         if not keep_handle:
             _release(client, resp.handle, force=(mode == "shm"))
@@ -188,7 +201,11 @@ def _choose(client, transport, device, placement):
     return "stream", placement, None
 
 
-def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams):
+def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams,
+          dests=None):
+    """Delivers the handle into the module; returns the transport used.
+    dests: destination tensors the stream transport fills (from
+    targets.new_tensors; default: allocated here)."""
     if mode in ("shm", "ipc"):
         export = None
         try:
@@ -215,7 +232,8 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
                     log.warning("materializer: CloseExport %s: %s", export.export_id, e)
     # The tensors go into the module only once every byte arrived: a failed
     # load leaves it on the meta device (FSDP2 allocates its own, in place).
-    dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
+    if dests is None:
+        dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
     bar = _progress(progress, spec.nbytes, "materializer")
     try:
         load_stream(client, handle, spec, dests, device=device, progress=bar, verify=verify,
