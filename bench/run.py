@@ -351,10 +351,10 @@ def write_results(section_key, body, mark="bench/run.py"):
     block = f"{begin}\n{body}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if pattern.search(text):
+        # A placeholder ("not yet measured") sits inside its own section's
+        # markers, so the first real results replace it and nothing else.
         text = pattern.sub(lambda _: block, text)
     else:
-        # Drop a "not yet measured" placeholder once real numbers exist.
-        text = re.sub(r"\n_Not yet measured[^\n]*\n", "\n", text)
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     with open(RESULTS, "w", encoding="utf-8") as f:
         f.write(text)

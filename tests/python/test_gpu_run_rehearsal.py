@@ -181,3 +181,18 @@ def test_init_figures_ratios_and_goals():
     assert f["goal_ahead_of_torch"] == "met"
     ours["normal/float32"] = [0.30]
     assert gpu_bench.init_figures(gib, ours, theirs)["goal_70pct_of_memset"] == "met"
+
+
+def test_a_new_results_section_leaves_other_sections_placeholders(tmp_path, monkeypatch):
+    # The writer once dropped every "_Not yet measured" line of the file when
+    # it appended a section of its own (the GPU section lost its text).
+    import run as bench_run
+    results = tmp_path / "RESULTS.md"
+    results.write_text((REPO / "bench" / "RESULTS.md").read_text())
+    before = results.read_text().split("<!-- bench/gpu_bench.py: gpu -->")[1]
+    monkeypatch.setattr(bench_run, "RESULTS", str(results))
+    bench_run.write_results("another-machine", "## Another machine\n\n| a |", mark="bench/x.py")
+    text = results.read_text()
+    assert "<!-- bench/x.py: another-machine -->\n## Another machine" in text
+    assert text.split("<!-- bench/gpu_bench.py: gpu -->")[1].startswith(
+        before.split("<!-- /bench/gpu_bench.py: gpu -->")[0])
