@@ -71,6 +71,7 @@ setup(
         protobuf_requirement(),
         "numpy",
         "xxhash>=3",
+        "hpack>=4,<5",
         "tqdm",
     ],
 )

@@ -214,17 +214,19 @@ TRAINER = textwrap.dedent("""
     from materializer.load import stream
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks, if it hangs
-    slow = stream._Sink.write
     never = threading.Event()
-    def write(self, offset, data):
-        if offset == 0:
-            print("loading", flush=True)
-            # The first chunk waits here until the test's signal ends the
-            # process (30 s at most), so the signal always lands mid-load
-            # however slow the machine is.
-            never.wait(30)
-        return slow(self, offset, data)
-    stream._Sink.write = write
+    def held(method):
+        def first_chunk_waits(self, offset, *rest):
+            if offset == 0:
+                print("loading", flush=True)
+                # The first chunk waits here until the test's signal ends
+                # the process (30 s at most), so the signal always lands
+                # mid-load however slow the machine is.
+                never.wait(30)
+            return method(self, offset, *rest)
+        return first_chunk_waits
+    stream._Sink.write = held(stream._Sink.write)   # through grpcio
+    stream._Sink.views = held(stream._Sink.views)   # received directly
     with torch.device("meta"):
         model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(24)])
     mz.materialize(model, server=sys.argv[1], transport="stream")

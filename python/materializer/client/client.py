@@ -11,6 +11,7 @@ import grpc
 
 from materializer._proto import pb
 from materializer.client.channel import Connection
+from materializer.client.direct import DirectFetch
 from materializer.client.replicas import DISCOVERY_TIMEOUT_S, ReplicaSet
 from materializer.client.session import Session
 from materializer.errors import RpcError
@@ -133,6 +134,10 @@ class Client:
     session: open an Attach session on first use and bind every handle
       this client creates to it, so they are released when this process
       ends, however it ends (one session per replica materialized on).
+    direct_fetch: streams into CPU memory receive FetchWeights on a
+      connection of their own, straight into the destination tensors
+      (client/direct.py), instead of through grpcio's messages; False:
+      always grpcio.
 
     Usable from several threads. close() ends the session (the server
     releases its handles after the grace period) and the channels.
@@ -140,12 +145,14 @@ class Client:
 
     def __init__(self, address=None, *, tls=None, token=None, client_name=None,
                  deadline=60.0, materialize_deadline=3600.0, retries=4,
-                 session=True, options=(), discovery_deadline=DISCOVERY_TIMEOUT_S):
+                 session=True, options=(), discovery_deadline=DISCOVERY_TIMEOUT_S,
+                 direct_fetch=True):
         self.address = address or os.environ.get("MATERIALIZER_ADDRESS",
                                                   DEFAULT_ADDRESS)
         self.deadline = deadline
         self.materialize_deadline = materialize_deadline
         self.retries = retries
+        self.use_direct_fetch = direct_fetch
         self._use_session = session
         self._conn = Connection(tls=tls, token=token, client_name=client_name,
                                 options=options)
@@ -400,6 +407,21 @@ class Client:
         return FetchStream(routes, handle, offset, fields, self._conn.metadata(), timeout,
                            self.retries, wait_for_ready=not self.has_replicas(),
                            explain=self._replicas.explain)
+
+    def direct_fetch(self, handle, *, offset=0, **fields):
+        """A DirectFetch (client/direct.py) of the same FetchWeights call,
+        received straight into caller memory on a connection of its own; or
+        None when this client does not use it (direct_fetch=False) or the
+        handle's replica is not known from its id (several candidates)."""
+        if not self.use_direct_fetch:
+            return None
+        routes = self._target("FetchWeights", handle=handle)
+        if len(routes) != 1:
+            return None
+        replica = routes[0]
+        request = pb.FetchRequest(handle=handle, offset=offset, **fields).SerializeToString()
+        return DirectFetch(replica.address, request, self._conn.metadata(), tls=self._conn.tls,
+                           tls_name=replica.tls_name, token=self._conn.token)
 
     def _fetcher(self, replica, lane):
         with self._lock:

@@ -11,13 +11,19 @@ through pinned staging buffers (a ring of them, host-to-device copies
 overlapping the network) on a side stream.
 """
 
+import logging
 import queue
 import threading
+import time
 
+import grpc
 import numpy as np
 import torch
 
-from materializer.errors import LoadError
+from materializer.client.direct import Unsupported
+from materializer.errors import LoadError, RpcError
+
+log = logging.getLogger("materializer")
 
 RAW_ALIGN = 64
 # Received chunks waiting to be copied (each up to 4 MiB).
@@ -92,6 +98,7 @@ class _Sink:
             else:
                 self.flat[name] = d.reshape(-1).view(torch.uint8).numpy()
         self.i = 0
+        self.scratch = bytearray(RAW_ALIGN)
         if self.cuda:
             self.stream = torch.cuda.Stream(device=device)
             self.ring = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=True)
@@ -134,6 +141,34 @@ class _Sink:
             ev.record(self.stream)
             self.events[slot] = ev
 
+    def views(self, offset, n):
+        """Writable memoryviews, n bytes together, of where file bytes
+        [offset, offset+n) go (CPU destinations): slices of the destination
+        tensors, and of a scratch buffer for the alignment padding between
+        them. The direct receiver fills them straight from the socket."""
+        out = []
+        end = offset + n
+        layout = self.layout
+        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
+            self.i += 1
+        pos = offset
+        j = self.i
+        while pos < end:
+            if j < len(layout) and layout[j][1] <= pos:
+                name, start, nbytes = layout[j]
+                hi = min(start + nbytes, end)
+                if hi > pos:
+                    out.append(memoryview(self.flat[name][pos - start:hi - start]))
+                    pos = hi
+                j += 1
+                continue
+            gap_end = min(end, layout[j][1] if j < len(layout) else end)
+            if len(self.scratch) < gap_end - pos:
+                self.scratch = bytearray(gap_end - pos)
+            out.append(memoryview(self.scratch)[:gap_end - pos])
+            pos = gap_end
+        return out
+
     def finish(self):
         if self.cuda:
             self.stream.synchronize()
@@ -159,8 +194,10 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
             wanted = set(names)
             layout, total = raw_layout(_Names([t for t in spec.tensors if t.name in wanted]))
             jobs.append((layout, total, fetch_fields(spec, names), lane))
-    loads = [_StreamLoad(client, handle, layout, total, fields, dests, device, progress,
-                         verify, chunk_bytes, lane)
+    direct = torch.device(device).type == "cpu"
+    loads = [(_DirectLoad if direct else _StreamLoad)(
+                 client, handle, layout, total, fields, dests, device, progress, verify,
+                 chunk_bytes, lane)
              for layout, total, fields, lane in jobs]
     for load in loads:
         load.start()
@@ -274,3 +311,134 @@ class _StreamLoad:
             self.errors.append(e)
             while self.work.get() is not None:   # drain: the receiver never blocks
                 pass
+
+
+class _DirectLoad:
+    """One FetchWeights stream of a raw file with `layout` into CPU `dests`,
+    received by client/direct.py straight into the destination tensors on
+    one thread (the kernel's copy is the only one; the thread hashes each
+    piece right after it arrived, while it is in cache). When the client
+    does not fetch directly, or the connection cannot (Unsupported, before
+    the first data byte), it loads through grpcio (_StreamLoad) instead. A
+    stream that breaks (UNAVAILABLE) resumes from the next byte, up to the
+    client's `retries` times."""
+
+    def __init__(self, client, handle, layout, total, fields, dests, device, progress,
+                 verify, chunk_bytes, lane):
+        self.args = (client, handle, layout, total, fields, dests, device, progress, verify,
+                     chunk_bytes, lane)
+        self.client = client
+        self.handle = handle
+        self.total = total
+        self.fields = dict(fields, chunk_bytes=chunk_bytes) if chunk_bytes else dict(fields)
+        self.sink = _Sink(layout, dests, device, 0)
+        self.progress = progress
+        self.hasher = None
+        if verify:
+            import xxhash
+            self.hasher = xxhash.xxh3_128()
+        self.errors = []
+        self.received = 0
+        self.digest = ""
+        self.transport = None     # "direct" or "grpcio", once known
+        self.lock = threading.Lock()
+        self.fetch = None         # the DirectFetch in progress; guarded by lock
+        self.fallback = None      # the _StreamLoad used instead; guarded by lock
+        self.cancelled = False    # guarded by lock
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="materializer-direct",
+                                       daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def cancel(self):
+        with self.lock:
+            self.cancelled = True
+            fetch, fallback = self.fetch, self.fallback
+        self.errors.append(LoadError(f"handle {self.handle}: loading was cancelled"))
+        if fetch is not None:
+            fetch.cancel()
+        if fallback is not None:
+            fallback.cancel()
+
+    def wait(self):
+        while not self.done.wait(0.25):
+            pass
+        if self.errors:
+            raise self.errors[0]
+        if self.fallback is not None:
+            return
+        if self.received != self.total:
+            raise LoadError(f"handle {self.handle}: the stream ended at {self.received} "
+                            f"of {self.total} bytes")
+        if self.hasher is not None and self.total:
+            mine = "xxh3-128:" + self.hasher.hexdigest()
+            if self.digest and mine != self.digest:
+                raise LoadError(f"handle {self.handle}: the received bytes hash to {mine}, "
+                                f"the server's file to {self.digest}")
+
+    def _run(self):
+        attempt = 0
+        try:
+            while True:
+                fetch = self.client.direct_fetch(self.handle, offset=self.received,
+                                                 **self.fields)
+                with self.lock:
+                    if fetch is None or self.cancelled:
+                        break
+                    self.fetch = fetch
+                try:
+                    fetch.run(self._place, self._piece, self._message)
+                    self.transport = "direct"
+                    return
+                except Unsupported as e:
+                    if self.received:
+                        raise LoadError(f"handle {self.handle}: the direct stream failed "
+                                        f"after {self.received} bytes: {e}") from None
+                    log.info("materializer: fetching %s through grpcio (%s)", self.handle, e)
+                    break
+                except RpcError as e:
+                    if (e.code == grpc.StatusCode.UNAVAILABLE and attempt < self.client.retries
+                            and not self.cancelled):
+                        attempt += 1
+                        time.sleep(min(0.1 * 2 ** attempt, 2.0))
+                        continue
+                    raise
+            with self.lock:
+                if self.cancelled:
+                    return
+                self.fallback = _StreamLoad(*self.args)
+            self.transport = "grpcio"
+            self.fallback.start()
+            self.fallback.wait()
+            self.received = self.fallback.received
+        except BaseException as e:  # noqa: BLE001 - wait() raises it
+            self.errors.append(e)
+        finally:
+            self.done.set()
+
+    def _place(self, offset, n):
+        if offset != self.received:
+            raise LoadError(f"handle {self.handle}: chunk at {offset}, expected {self.received}")
+        if offset + n > self.total:
+            raise LoadError(f"handle {self.handle}: the stream goes past the {self.total} "
+                            "bytes of the spec's layout; the handle does not hold this spec")
+        return self.sink.views(offset, n)
+
+    def _piece(self, views):
+        n = 0
+        for v in views:
+            if self.hasher is not None:
+                self.hasher.update(v)
+            n += len(v)
+        self.received += n
+        if self.progress is not None:
+            self.progress.update(n)
+
+    def _message(self, offset, length, total_bytes, digest):
+        if total_bytes != self.total:
+            raise LoadError(f"handle {self.handle}: the raw file is {total_bytes} bytes, the "
+                            f"spec's layout {self.total}; the handle does not hold this spec")
+        if digest:
+            self.digest = digest
