@@ -4,7 +4,7 @@
 For each model (Hugging Face GPT-2 small, and the llama-1b example's
 shapes as a LlamaForCausalLM: TinyLlama-1.1B, float32), built on the meta
 device before the clock starts, one run alternates N timed repetitions
-(after a warm-up; each repetition starts one path later than the last) of
+(after a warm-up; each repetition in its own shuffled order) of
 
   in-process   model.to_empty(device="cpu"), then the model's own init
                (Hugging Face's init_weights(): every _init_weights, then the
@@ -14,8 +14,12 @@ device before the clock starts, one run alternates N timed repetitions
                become views of the shared memory, Release;
   stream       materializer.materialize(model, transport="stream"): the same
                with the weights streamed into the module's tensors (raw
-               format, one copy from each chunk into place, XXH3 checked);
+               format, received straight into place by client/direct.py,
+               XXH3 checked);
   stream x2    the same over two parallel streams (two connections);
+  stream grpcio  the stream path received through grpcio's messages
+               (Client(direct_fetch=False)) instead of straight into the
+               tensors (client/direct.py);
   new user     (GPT-2 only) what a trainer without the SDK does: Materialize a
                request, FetchWeights into memory with grpcio, safetensors.torch
                .load, load_state_dict(assign=True);
@@ -38,6 +42,7 @@ import datetime
 import gc
 import os
 import platform
+import random
 import re
 import shlex
 import socket
@@ -221,11 +226,12 @@ def main():
     load_before = os.getloadavg()[0]
     svc = bench_run.Service(args.server, args.proto, args.threads)
     client = materializer.Client(svc.address)
+    grpcio_client = materializer.Client(svc.address, direct_fetch=False)
     results = []
     try:
         for name in models:
             rng = args.rng
-            paths = ["in-process", "shm", "stream", "stream x2"] + (
+            paths = ["in-process", "shm", "stream", "stream x2", "stream grpcio"] + (
                 ["new user"] if name in args.new_user.split(",") else [])
             times = {p: [] for p in paths}
             phases = {p: [] for p in paths}
@@ -235,11 +241,14 @@ def main():
             grpc_only = []   # bytes/s
             for i in range(args.warmup + args.reps):
                 timed = i >= args.warmup
-                # Each repetition starts one path later: a path right after
-                # another pays for the memory that one just returned (the
-                # server's and this process's pages are new again), so no
-                # path always follows the same one.
-                for p in paths[i % len(paths):] + paths[:i % len(paths)]:
+                # Each repetition runs the paths in its own order (shuffled,
+                # seeded by the repetition): a path right after another pays
+                # for the memory that one just returned (the server's and
+                # this process's pages are new again), so no path always
+                # follows the same one.
+                order = list(paths)
+                random.Random(i).shuffle(order)
+                for p in order:
                     model = build(name)
                     if nbytes is None:
                         nbytes = materializer.describe(model, rng=rng).nbytes
@@ -249,6 +258,8 @@ def main():
                         wall, ph = in_process(model)
                     elif p == "new user":
                         wall, ph = new_user(model, client, rng, 0)
+                    elif p == "stream grpcio":
+                        wall, ph = service(model, grpcio_client, "stream", rng, 0)
                     elif p == "stream x2":
                         wall, ph = service(model, client, "stream", rng, 0, streams=2)
                     else:
@@ -273,6 +284,7 @@ def main():
                             "phases": phases, "peaks": peaks, "tcp": tcp,
                             "grpc": grpc_only})
         client.close()
+        grpcio_client.close()
         svc.check_idle()
     finally:
         svc.stop()
@@ -322,7 +334,7 @@ def tables(results, reps):
                        f"| {med(r['peaks'][p]) / 1e9:.2f} GB |")
     out.append("")
     out.append("Stream throughput: the tensor bytes over the stream path's load phase "
-               "(fetch, copy into the module, XXH3 check), next to a raw TCP stream of "
+               "(fetch into the module, XXH3 check), next to a raw TCP stream of "
                "the same bytes over loopback into a preallocated buffer (sendall / "
                "recv_into) and to grpcio receiving the same FetchWeights stream and "
                "dropping each chunk (no copy, no hash: the ceiling of a grpcio client), "
@@ -334,7 +346,7 @@ def tables(results, reps):
     for r in results:
         tcp = med(r["tcp"])
         grpc_rate = med(r["grpc"])
-        for p in ("stream", "stream x2"):
+        for p in ("stream", "stream x2", "stream grpcio"):
             load = med([x["load"] for x in r["phases"][p]])
             rate = r["bytes"] / load
             out.append(f"| {r['model']} | {p} | {rate / 1e9:.2f} GB/s "
