@@ -345,3 +345,19 @@ def request_offset_or_none(raw):
         return request_offset(raw)
     except Exception:  # noqa: BLE001 - not all of it arrived yet
         return None
+
+
+def test_a_server_certificate_from_another_ca_is_refused(pki, direct_runs):  # noqa: F811
+    # The client trusts only the CA it names: the server's certificate is
+    # signed by "ca", the client names "other-ca". Neither receiver loads.
+    with serverproc.running_server([f"--tls_cert={pki / 'server.pem'}",
+                                    f"--tls_key={pki / 'server.key'}",
+                                    f"--tls_client_ca={pki / 'ca.pem'}"], connect=False) as s:
+        port = s.address.rsplit(":", 1)[1]
+        tls = mz.TLS(root_certificates=pki / "other-ca.pem",
+                     certificate_chain=pki / "alice.pem", private_key=pki / "alice.key")
+        with mz.Client(f"127.0.0.1:{port}", tls=tls, session=False, deadline=5) as c:
+            fetch = c.direct_fetch("h-" + "0" * 32)
+            with pytest.raises(Unsupported, match="TLS"):
+                fetch.run(lambda o, n: [], lambda v: None, lambda *a: None)
+        assert direct_runs == []

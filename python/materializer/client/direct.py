@@ -93,10 +93,17 @@ def _frame(kind, flags, stream, payload=b""):
 
 
 def _tls_context(tls):
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    """The TLS settings grpcio gets from the same TLS object: the server's
+    certificate checked against `root_certificates` only when given (not
+    also the system's roots), else the system's; the name checked; the
+    client certificate for mTLS."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)   # CERT_REQUIRED, check_hostname
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["h2"])
     if tls.root_certificates:
         ctx.load_verify_locations(cadata=tls.root_certificates.decode("ascii"))
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
     if tls.certificate_chain:
         _load_cert_chain(ctx, tls.certificate_chain, tls.private_key)
     return ctx
