@@ -211,6 +211,19 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
     return sum(load.received for load in loads)
 
 
+def _check_complete(load):
+    """Raises unless `load` (a finished _StreamLoad or _DirectLoad) received
+    every byte of its file and, when it hashed them, the server's digest."""
+    if load.received != load.total:
+        raise LoadError(f"handle {load.handle}: the stream ended at {load.received} "
+                        f"of {load.total} bytes")
+    if load.hasher is not None and load.total:
+        mine = "xxh3-128:" + load.hasher.hexdigest()
+        if load.digest and mine != load.digest:
+            raise LoadError(f"handle {load.handle}: the received bytes hash to {mine}, "
+                            f"the server's file to {load.digest}")
+
+
 class _Names:
     """The part of a spec a parallel stream fetches (raw_layout's input)."""
 
@@ -263,14 +276,7 @@ class _StreamLoad:
         if self.errors:
             raise self.errors[0]
         self.sink.finish()
-        if self.received != self.total:
-            raise LoadError(f"handle {self.handle}: the stream ended at {self.received} "
-                            f"of {self.total} bytes")
-        if self.hasher is not None and self.total:
-            mine = "xxh3-128:" + self.hasher.hexdigest()
-            if self.digest and mine != self.digest:
-                raise LoadError(f"handle {self.handle}: the received bytes hash to {mine}, "
-                                f"the server's file to {self.digest}")
+        _check_complete(self)
 
     def _receive(self):
         try:
@@ -369,14 +375,7 @@ class _DirectLoad:
             raise self.errors[0]
         if self.fallback is not None:
             return
-        if self.received != self.total:
-            raise LoadError(f"handle {self.handle}: the stream ended at {self.received} "
-                            f"of {self.total} bytes")
-        if self.hasher is not None and self.total:
-            mine = "xxh3-128:" + self.hasher.hexdigest()
-            if self.digest and mine != self.digest:
-                raise LoadError(f"handle {self.handle}: the received bytes hash to {mine}, "
-                                f"the server's file to {self.digest}")
+        _check_complete(self)
 
     def _run(self):
         attempt = 0
