@@ -28,6 +28,11 @@ void WeightStream::Chunk::ToMessage(v1::WeightChunk* message) const {
   message->set_offset(offset);
   message->set_total_bytes(total_bytes);
   message->set_digest(digest);
+  for (const NamedDigest& entry : tensor_digests) {
+    v1::TensorDigest* out = message->add_tensor_digests();
+    out->set_name(entry.name);
+    out->set_digest(entry.digest);
+  }
   std::string* data = message->mutable_data();
   data->reserve(length());
   for (const ChunkPiece& piece : pieces) data->append(piece.data, piece.length);
@@ -152,9 +157,30 @@ absl::Status WeightStream::Next(Chunk* chunk) {
   chunk->offset = position_;
   chunk->total_bytes = total;
   chunk->digest.clear();
+  chunk->tensor_digests.clear();
   chunk->pieces.clear();
 
-  const bool hashing = digest_.known.empty();
+  if (digest_.per_tensor && position_ >= total &&
+      (sent_any_ || !digest_.tensors.empty())) {
+    // Every byte is out: the next batch of tensor digests. An entry's
+    // size bound counts its own framing (tags and lengths).
+    uint64_t bytes = 0;
+    while (digests_sent_ < digest_.tensors.size()) {
+      const NamedDigest& entry = digest_.tensors[digests_sent_];
+      const uint64_t size = entry.name.size() + entry.digest.size() + 16;
+      if (!chunk->tensor_digests.empty() &&
+          bytes + size > kMaxDigestBytesPerChunk) {
+        break;
+      }
+      chunk->tensor_digests.push_back(entry);
+      bytes += size;
+      ++digests_sent_;
+    }
+    sent_any_ = true;
+    return absl::OkStatus();
+  }
+
+  const bool hashing = !digest_.per_tensor && digest_.known.empty();
   // A resumed fetch first catches up on the prefix it does not send.
   if (hashing && hashed_ < position_) {
     RETURN_IF_ERROR(HashUntil(
@@ -220,7 +246,7 @@ absl::Status WeightStream::Next(Chunk* chunk) {
       RETURN_IF_ERROR(HashUntil(total));
       chunk->digest = FormatDigest(hasher_.Finish());
       if (digest_.on_computed) digest_.on_computed(chunk->digest);
-    } else {
+    } else if (!digest_.per_tensor) {
       chunk->digest = digest_.known;
     }
   } else {

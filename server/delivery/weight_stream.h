@@ -43,12 +43,29 @@ inline constexpr uint32_t kMaxChunkBytes = (4 << 20) - (4 << 10);
 // (bench/RESULTS.md, fetch throughput).
 inline constexpr uint32_t kDefaultChunkBytes = kMaxChunkBytes;
 
-// How a stream gets the digest of the whole file: known already (cached
-// from an earlier fetch or DescribeFile), or computed while streaming and
-// then handed to `on_computed` (which caches it).
+// A tensor's digest as a stream sends it (v1::TensorDigest).
+struct NamedDigest {
+  std::string name;
+  std::string digest;
+};
+
+// Bytes of TensorDigest entries one chunk carries at most.
+inline constexpr uint64_t kMaxDigestBytesPerChunk = 64 << 10;
+
+// How a stream proves its bytes (v1::FetchDigest).
+//
+// File digest (per_tensor false): known already (cached from an earlier
+// fetch or DescribeFile), or computed while streaming and then handed to
+// `on_computed` (which caches it); the last chunk carries it.
+//
+// Per-tensor digests (per_tensor true): `tensors` holds every tensor of the
+// file in file order, computed before the stream opened; the stream hashes
+// nothing and ends with chunks without data that carry them.
 struct FileDigest {
   std::string known;
   std::function<void(const std::string& digest)> on_computed;
+  bool per_tensor = false;
+  std::vector<NamedDigest> tensors;
 };
 
 // Thread-compatible: one caller at a time. Holds a reference to the arena,
@@ -67,8 +84,11 @@ class WeightStream {
   struct Chunk {
     uint64_t offset = 0;
     uint64_t total_bytes = 0;
-    // Set in the last chunk: the whole file's digest.
+    // Set in the last chunk: the whole file's digest (file digests only).
     std::string digest;
+    // Per-tensor digests: set in the chunks after the data, at most
+    // kMaxDigestBytesPerChunk of entries each.
+    std::vector<NamedDigest> tensor_digests;
     std::vector<ChunkPiece> pieces;
 
     uint64_t length() const;
@@ -90,11 +110,16 @@ class WeightStream {
 
   uint64_t total_bytes() const { return file_->size(); }
   uint64_t position() const { return position_; }
-  bool done() const { return position_ >= file_->size() && sent_any_; }
+  bool done() const {
+    return position_ >= file_->size() && sent_any_ &&
+           digests_sent_ >= digest_.tensors.size();
+  }
 
-  // The next up to chunk_bytes bytes. A fetch that starts at the end of the
-  // file yields exactly one empty chunk, so the client still learns
-  // total_bytes and the digest.
+  // The next up to chunk_bytes bytes; with per-tensor digests, once the
+  // bytes are sent, the next chunk of digests. A fetch that starts at the
+  // end of the file yields exactly one empty chunk (file digest), or only
+  // the digest chunks, so the client still learns total_bytes and the
+  // digests.
   absl::Status Next(Chunk* chunk);
 
   // Compatibility: the next chunk as a message (a copy).
@@ -122,6 +147,8 @@ class WeightStream {
   bool sent_any_ = false;
 
   FileDigest digest_;
+  // Per-tensor digests: entries of digest_.tensors already sent.
+  size_t digests_sent_ = 0;
   // Whole-file hashing, when the digest is not known: bytes [0, hashed_)
   // are in hasher_.
   Hasher hasher_;

@@ -167,6 +167,93 @@ TEST(WeightStreamTest, TheStreamAndItsChunksKeepTheArenaAlive) {
   EXPECT_EQ(f.pool->Snapshot().total.in_use_bytes, 0u);
 }
 
+// Streams from `offset` with per-tensor digests: the bytes, and the
+// digest entries in the order they came. Checks that the data comes first,
+// that no chunk carries a file digest, and that a chunk of digests has no
+// data, sits at the end of the file and stays within its size bound.
+std::string StreamPerTensor(const Fixture& f, uint64_t offset,
+                            uint32_t chunk_bytes,
+                            std::vector<NamedDigest> tensors,
+                            std::vector<NamedDigest>* digests,
+                            int* digest_chunks) {
+  FileDigest digest;
+  digest.per_tensor = true;
+  digest.tensors = std::move(tensors);
+  auto stream =
+      WeightStream::Open(f.arena, f.file, offset, chunk_bytes, digest).value();
+  std::string out;
+  *digest_chunks = 0;
+  while (!stream->done()) {
+    WeightStream::Chunk chunk;
+    EXPECT_OK(stream->Next(&chunk));
+    EXPECT_EQ(chunk.total_bytes, f.file->size());
+    EXPECT_EQ(chunk.digest, "");
+    if (!chunk.tensor_digests.empty()) {
+      ++*digest_chunks;
+      EXPECT_EQ(chunk.offset, f.file->size());
+      EXPECT_EQ(chunk.length(), 0u);
+      uint64_t bytes = 0;
+      for (const NamedDigest& entry : chunk.tensor_digests) {
+        bytes += entry.name.size() + entry.digest.size() + 16;
+        digests->push_back(entry);
+      }
+      EXPECT_LE(bytes, kMaxDigestBytesPerChunk);
+      continue;
+    }
+    EXPECT_TRUE(digests->empty()) << "data after the digests";
+    EXPECT_EQ(chunk.offset, offset + out.size());
+    for (const auto& piece : chunk.pieces) out.append(piece.data, piece.length);
+  }
+  return out;
+}
+
+std::vector<std::string> Names(const std::vector<NamedDigest>& entries) {
+  std::vector<std::string> names;
+  for (const NamedDigest& entry : entries) names.push_back(entry.name);
+  return names;
+}
+
+TEST(WeightStreamTest, PerTensorDigestsFollowTheDataAndTheFileIsNotHashed) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  const std::string whole = WholeFile(f);
+  const std::vector<NamedDigest> tensors = {{"big", "xxh3-128:b"},
+                                            {"small", "xxh3-128:s"}};
+  for (uint64_t offset : {uint64_t{0}, uint64_t{777777},
+                          uint64_t{whole.size()}}) {
+    std::vector<NamedDigest> got;
+    int digest_chunks = 0;
+    EXPECT_EQ(StreamPerTensor(f, offset, 65536, tensors, &got, &digest_chunks),
+              whole.substr(offset));
+    // Every tensor once, whatever the start: a resumed client checks every
+    // tensor at its end.
+    EXPECT_EQ(Names(got), Names(tensors)) << offset;
+    EXPECT_EQ(got[1].digest, "xxh3-128:s");
+    EXPECT_EQ(digest_chunks, 1);
+  }
+}
+
+TEST(WeightStreamTest, ManyTensorDigestsAreSpreadOverBoundedChunks) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  std::vector<NamedDigest> tensors;
+  for (int i = 0; i < 5000; ++i) {
+    tensors.push_back({"model.layers." + std::to_string(i) + ".mlp.weight",
+                       "xxh3-128:" + std::string(32, 'a' + i % 6)});
+  }
+  std::vector<NamedDigest> got;
+  int digest_chunks = 0;
+  StreamPerTensor(f, 0, 0, tensors, &got, &digest_chunks);
+  EXPECT_EQ(Names(got), Names(tensors));
+  // Each chunk is within the bound (checked above) and nearly full.
+  uint64_t bytes = 0;
+  for (const NamedDigest& entry : tensors) {
+    bytes += entry.name.size() + entry.digest.size() + 16;
+  }
+  const int fewest = static_cast<int>(
+      (bytes + kMaxDigestBytesPerChunk - 1) / kMaxDigestBytesPerChunk);
+  EXPECT_GE(digest_chunks, fewest);
+  EXPECT_LE(digest_chunks, fewest + 1);
+}
+
 TEST(WeightStreamTest, BadOffsetsAndChunkSizesAreRefused) {
   Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
   EXPECT_THAT(WeightStream::Open(f.arena, f.file, f.file->size() + 1, 0,

@@ -53,6 +53,9 @@ struct EngineOptions {
   // The GPU driver's view of the devices it covers, for GetStats; null:
   // none (CPU-only hosts, no NVML).
   const memory::GpuReporter* gpu = nullptr;
+  // Threads that compute a handle's per-tensor digests (one tensor per
+  // task); 0 = one per hardware thread.
+  int digest_threads = 0;
 };
 
 // Thread-safe. The pool, registry, worker pool and what `options` points to

@@ -2,8 +2,11 @@
 // and their digests.
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -11,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "server/common/cancel.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
@@ -85,23 +89,72 @@ absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
   return absl::OkStatus();
 }
 
+// Runs work(i) for every i in `items` on up to `threads` threads (this
+// one included), the largest `bytes[i]` first, so that one big tensor does
+// not start last and leave the other threads idle. The first error stops
+// the tasks not yet started and is returned.
+absl::Status ForEachInParallel(std::vector<size_t> items,
+                               const std::vector<uint64_t>& bytes, int threads,
+                               const std::function<absl::Status(size_t)>& work) {
+  std::stable_sort(items.begin(), items.end(),
+                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first;
+  auto run = [&] {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t k = next.fetch_add(1);
+      if (k >= items.size()) return;
+      absl::Status status = work(items[k]);
+      if (!status.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first.ok()) first = std::move(status);
+        failed.store(true);
+      }
+    }
+  };
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(items.size())));
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  for (int t = 1; t < threads; ++t) pool.emplace_back(run);
+  run();
+  for (std::thread& thread : pool) thread.join();
+  absl::MutexLock lock(&mu);
+  return first;
+}
+
 // Per-tensor digests in spec order; tied tensors repeat their root's.
+// Host arenas are hashed on `threads` threads, one tensor per task (XXH3
+// is sequential within a tensor, not across tensors); device arenas on
+// this thread, one bounded host copy at a time.
 absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
     const registry::Handle& handle, const memory::Arena& arena,
-    const Cancelled& cancelled) {
+    const Cancelled& cancelled, int threads) {
   return handle.TensorDigests(
       [&]() -> absl::StatusOr<registry::Handle::Digests> {
         const registry::HandleSpec& spec = handle.spec();
         registry::Handle::Digests digests(spec.tensors.size());
+        std::vector<size_t> roots;
+        std::vector<uint64_t> bytes(spec.tensors.size(), 0);
         for (size_t i = 0; i < spec.tensors.size(); ++i) {
           if (spec.tensors[i].tie_root >= 0) continue;
-          RETURN_IF_ERROR(CheckCancelled(cancelled));
-          delivery::Hasher hasher;
-          RETURN_IF_ERROR(ScanArena(
-              arena, spec.layout.offsets[i], spec.tensors[i].nbytes, cancelled,
-              [&](const char* data, uint64_t n) { hasher.Update(data, n); }));
-          digests[i] = delivery::FormatDigest(hasher.Finish());
+          roots.push_back(i);
+          bytes[i] = spec.tensors[i].nbytes;
         }
+        RETURN_IF_ERROR(ForEachInParallel(
+            std::move(roots), bytes,
+            arena.host_data() != nullptr ? threads : 1,
+            [&](size_t i) -> absl::Status {
+              RETURN_IF_ERROR(CheckCancelled(cancelled));
+              delivery::Hasher hasher;
+              RETURN_IF_ERROR(ScanArena(
+                  arena, spec.layout.offsets[i], spec.tensors[i].nbytes,
+                  cancelled,
+                  [&](const char* data, uint64_t n) { hasher.Update(data, n); }));
+              digests[i] = delivery::FormatDigest(hasher.Finish());
+              return absl::OkStatus();
+            }));
         for (size_t i = 0; i < spec.tensors.size(); ++i) {
           const int root = spec.tensors[i].tie_root;
           if (root >= 0) digests[i] = digests[root];
@@ -382,6 +435,11 @@ absl::StatusOr<BuiltFile> BuildFile(const registry::Handle& handle,
         "; expected WEIGHT_FORMAT_SAFETENSORS, WEIGHT_FORMAT_TORCH or "
         "WEIGHT_FORMAT_RAW"));
   }
+  if (!v1::FetchDigest_IsValid(request.digest())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "digest: unknown value ", request.digest(),
+        "; expected FETCH_DIGEST_FILE or FETCH_DIGEST_TENSORS"));
+  }
   ASSIGN_OR_RETURN(Selection selection, Select(handle, request, cancelled));
   std::shared_ptr<const registry::Handle::Crcs> crcs;
   if (request.format() == v1::WEIGHT_FORMAT_TORCH) {
@@ -437,6 +495,26 @@ absl::StatusOr<std::string> FileDigestOf(const registry::Handle& handle,
   return digest;
 }
 
+// The digests of the tensors `file` holds, in file order, by name.
+std::vector<delivery::NamedDigest> FileTensorDigests(
+    const registry::HandleSpec& spec, const delivery::WeightFile& file,
+    const registry::Handle::Digests& digests) {
+  absl::flat_hash_map<std::string, size_t> index;
+  for (size_t i = 0; i < spec.tensors.size(); ++i)
+    index[spec.tensors[i].name] = i;
+  std::vector<delivery::NamedDigest> out;
+  out.reserve(file.ranges().size());
+  for (const delivery::FileRange& range : file.ranges()) {
+    out.push_back({range.name, digests[index.at(range.name)]});
+  }
+  return out;
+}
+
+int DigestThreads(const EngineOptions& options) {
+  if (options.digest_threads > 0) return options.digest_threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
@@ -451,8 +529,18 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
   std::shared_ptr<const delivery::WeightFile> file = std::move(built.file);
   const registry::Handle::FileKey key = built.key;
   delivery::FileDigest digest;
-  digest.known = handle->FileDigest(key);
-  if (digest.known.empty()) {
+  if (request.digest() == v1::FETCH_DIGEST_TENSORS) {
+    // Computed (once per handle) before the first chunk, in parallel: the
+    // stream itself then only moves bytes.
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<const registry::Handle::Digests> digests,
+        TensorDigests(*handle, *arena, cancelled, DigestThreads(options_)));
+    digest.per_tensor = true;
+    digest.tensors = FileTensorDigests(handle->spec(), *file, *digests);
+  } else {
+    digest.known = handle->FileDigest(key);
+  }
+  if (!digest.per_tensor && digest.known.empty()) {
     // The stream hashes the file as it goes and caches the result. It
     // holds the handle weakly: a released handle needs no cache.
     std::weak_ptr<const registry::Handle> weak = handle;
@@ -480,10 +568,16 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
                                               " is past the end of the ",
                                               file->size(), "-byte file"));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
-                   TensorDigests(*handle, *arena, cancelled));
-  ASSIGN_OR_RETURN(std::string digest,
-                   FileDigestOf(*handle, *arena, *file, built.key, cancelled));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<const registry::Handle::Digests> digests,
+      TensorDigests(*handle, *arena, cancelled, DigestThreads(options_)));
+  // FETCH_DIGEST_TENSORS: the caller checks tensors, not the file; no pass
+  // over the file for a digest it does not use.
+  std::string digest;
+  if (request.digest() != v1::FETCH_DIGEST_TENSORS) {
+    ASSIGN_OR_RETURN(digest, FileDigestOf(*handle, *arena, *file, built.key,
+                                          cancelled));
+  }
 
   // Ranges index the selection; map them back to spec indices by name.
   const registry::HandleSpec& spec = handle->spec();
@@ -513,8 +607,9 @@ absl::Status Engine::AddDeliveryInfo(const registry::Handle& handle,
   if (handle.state() != v1::HANDLE_STATE_READY) return absl::OkStatus();
   std::shared_ptr<const memory::Arena> arena = handle.arena();
   if (arena == nullptr) return absl::OkStatus();  // released meanwhile
-  ASSIGN_OR_RETURN(std::shared_ptr<const registry::Handle::Digests> digests,
-                   TensorDigests(handle, *arena, cancelled));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<const registry::Handle::Digests> digests,
+      TensorDigests(handle, *arena, cancelled, DigestThreads(options_)));
   std::string concatenated;
   concatenated.reserve(digests->size() * 16);
   for (int i = 0;

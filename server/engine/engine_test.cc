@@ -1,10 +1,13 @@
 #include "server/engine/engine.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/text_format.h"
+#include "server/delivery/digest.h"
 #include "tests/testing/status_matchers.h"
 
 namespace materializer::engine {
@@ -287,6 +290,62 @@ TEST_F(EngineTest, UnknownFormatAndOffsetPastTheEnd) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format")));
   EXPECT_THAT(FetchAll(alice_, m.handle(), 1u << 30).status(),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("offset")));
+}
+
+TEST_F(EngineTest, TensorDigestsFollowTheBytesWithoutAFileHash) {
+  ASSERT_OK_AND_ASSIGN(
+      v1::MaterializeResponse m,
+      engine_->Materialize(alice_, Parse<v1::MaterializeRequest>(kSmallModel)));
+  v1::FetchRequest fetch;
+  fetch.set_handle(m.handle());
+  fetch.set_format(v1::WEIGHT_FORMAT_RAW);
+  fetch.set_digest(v1::FETCH_DIGEST_TENSORS);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<delivery::WeightStream> stream,
+                       engine_->OpenFetch(alice_, fetch));
+  std::string data;
+  std::vector<std::pair<std::string, std::string>> sent;
+  v1::WeightChunk chunk;
+  while (!stream->done()) {
+    ASSERT_OK(stream->Next(&chunk));
+    EXPECT_EQ(chunk.digest(), "");
+    data += chunk.data();
+    for (const v1::TensorDigest& d : chunk.tensor_digests()) {
+      sent.emplace_back(d.name(), d.digest());
+    }
+  }
+  // Each tensor's digest is of its bytes in what was sent, in file order.
+  ASSERT_OK_AND_ASSIGN(v1::FileLayout layout,
+                       engine_->DescribeFile(alice_, fetch));
+  EXPECT_EQ(layout.digest(), "") << "DescribeFile hashed the file";
+  ASSERT_EQ(static_cast<int>(sent.size()), layout.entries_size());
+  ASSERT_EQ(data.size(), layout.total_bytes());
+  for (int k = 0; k < layout.entries_size(); ++k) {
+    const v1::FileEntry& entry = layout.entries(k);
+    const std::string expected = delivery::FormatDigest(delivery::HashBytes(
+        data.data() + entry.offset(), entry.nbytes()));
+    EXPECT_EQ(sent[k].first, entry.name());
+    EXPECT_EQ(sent[k].second, expected) << entry.name();
+    EXPECT_EQ(entry.digest(), expected) << entry.name();
+  }
+  // Neither the stream nor DescribeFile made a pass for a file digest; a
+  // fetch that asks for one does.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<registry::Handle> handle,
+                       registry_.Get("alice", m.handle()));
+  EXPECT_EQ(handle->num_file_digests(), 0u);
+  fetch.set_digest(v1::FETCH_DIGEST_FILE);
+  ASSERT_OK_AND_ASSIGN(v1::FileLayout with_file,
+                       engine_->DescribeFile(alice_, fetch));
+  EXPECT_EQ(with_file.digest(), delivery::FormatDigest(delivery::HashBytes(
+                                    data.data(), data.size())));
+  EXPECT_EQ(handle->num_file_digests(), 1u);
+
+  fetch.set_digest(static_cast<v1::FetchDigest>(9));
+  EXPECT_THAT(engine_->OpenFetch(alice_, fetch).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("digest: unknown value 9")));
+  EXPECT_THAT(engine_->DescribeFile(alice_, fetch).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("digest: unknown value 9")));
 }
 
 }  // namespace

@@ -26,6 +26,16 @@ constexpr char kOffsetTag = (1 << 3) | 0;
 constexpr char kDataTag = (2 << 3) | 2;
 constexpr char kTotalBytesTag = (3 << 3) | 0;
 constexpr char kDigestTag = (4 << 3) | 2;
+constexpr char kTensorDigestsTag = (5 << 3) | 2;
+// TensorDigest's fields.
+constexpr char kNameTag = (1 << 3) | 2;
+constexpr char kEntryDigestTag = (2 << 3) | 2;
+
+void PutString(std::string* out, char tag, const std::string& value) {
+  out->push_back(tag);
+  PutVarint(out, value.size());
+  *out += value;
+}
 
 void ReleaseKeepalive(void* user_data) {
   delete static_cast<std::shared_ptr<const void>*>(user_data);
@@ -280,10 +290,15 @@ grpc::ByteBuffer EncodeChunk(const delivery::WeightStream::Chunk& chunk) {
     pending.push_back(kTotalBytesTag);
     PutVarint(&pending, chunk.total_bytes);
   }
-  if (!chunk.digest.empty()) {
-    pending.push_back(kDigestTag);
-    PutVarint(&pending, chunk.digest.size());
-    pending += chunk.digest;
+  if (!chunk.digest.empty()) PutString(&pending, kDigestTag, chunk.digest);
+  std::string entry;
+  for (const delivery::NamedDigest& digest : chunk.tensor_digests) {
+    entry.clear();
+    if (!digest.name.empty()) PutString(&entry, kNameTag, digest.name);
+    if (!digest.digest.empty()) {
+      PutString(&entry, kEntryDigestTag, digest.digest);
+    }
+    PutString(&pending, kTensorDigestsTag, entry);
   }
   flush();
   return grpc::ByteBuffer(slices.data(), slices.size());
