@@ -435,7 +435,7 @@ class _DirectLoad:
         if self.progress is not None:
             self.progress.update(n)
 
-    def _message(self, offset, length, total_bytes, digest):
+    def _message(self, offset, length, total_bytes, digest, tensor_digests):
         if total_bytes != self.total:
             raise LoadError(f"handle {self.handle}: the raw file is {total_bytes} bytes, the "
                             f"spec's layout {self.total}; the handle does not hold this spec")
