@@ -16,6 +16,7 @@ import torch.nn as nn
 import certs
 import materializer as mz
 import serverproc
+from materializer import digest
 from materializer._proto import pb
 from materializer.client import direct
 from materializer.client.direct import DirectFetch, ProtocolError, Unsupported
@@ -326,7 +327,8 @@ def test_a_stream_that_breaks_resumes_from_the_next_byte():
                         hpack.Encoder().encode([(":status", "200")]))
                         + frame(direct.DATA, 0, 1, m))
                 else:
-                    conn.sendall(http2(chunk_message(start, payload[start:], 300)))
+                    conn.sendall(http2(chunk_message(start, payload[start:], 300),
+                                       digests_message(300, [("t", digest.of_bytes(payload))])))
                     conn.recv(1 << 16)
         listener.close()
 
