@@ -120,7 +120,8 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
     keep_handle: do not release the handle (it stays in the client's
       session; pass your own client and keep it open).
     progress: a tqdm bar (None: on a terminal for models >= 256 MiB).
-    verify: check the streamed bytes against the server's digest.
+    verify: check each streamed tensor's bytes against the server's digest
+      of that tensor.
     streams: parallel fetch streams (each on its own connection) for the
       stream transport.
     """

@@ -16,6 +16,7 @@ import torch.nn as nn
 import certs
 import materializer as mz
 import serverproc
+from materializer import digest
 from materializer._proto import pb
 from materializer.client import direct
 from materializer.client.direct import DirectFetch, ProtocolError, Unsupported
@@ -174,6 +175,14 @@ def chunk_message(offset, data, total):
     return struct.pack(">BI", 0, len(msg)) + msg
 
 
+def digests_message(total, pairs):
+    """A chunk without data that carries (name, digest) pairs, as a stream
+    with FETCH_DIGEST_TENSORS ends."""
+    msg = pb.WeightChunk(offset=total, total_bytes=total, tensor_digests=[
+        pb.TensorDigest(name=n, digest=d) for n, d in pairs]).SerializeToString()
+    return struct.pack(">BI", 0, len(msg)) + msg
+
+
 def http2(*data_payloads, trailers=(("grpc-status", "0"),)):
     enc = hpack.Encoder()
     out = frame(direct.SETTINGS, 0, 0, b"")
@@ -210,7 +219,7 @@ def test_a_well_formed_fake_stream_is_received_across_frame_boundaries():
     m = chunk_message(0, bytes(range(200)), 200)
     addr = fake_server(lambda: http2(m[:3], m[3:50], m[50:]))
     dest = bytearray(200)
-    assert receive(addr, dest) == [(0, 200, 200, "")]
+    assert receive(addr, dest) == [(0, 200, 200, "", [])]
     assert bytes(dest) == bytes(range(200))
 
 
@@ -226,6 +235,8 @@ def test_a_chunk_outside_the_destination_is_refused_before_any_write():
     (struct.pack(">BI", 1, 3) + b"abc", "compressed"),
     (struct.pack(">BI", 0, 4) + b"\x12\x7f\x00\x00", "longer than its message"),
     (struct.pack(">BI", 0, 2) + b"\x0f\x00", "wire type"),
+    # A tensor digest entry whose name runs past the entry.
+    (struct.pack(">BI", 0, 6) + b"\x2a\x04\x0a\x05ab", "TensorDigest ended inside"),
 ])
 def test_broken_grpc_framing_is_a_protocol_error(payload, match):
     addr = fake_server(lambda: http2(payload))
@@ -316,7 +327,8 @@ def test_a_stream_that_breaks_resumes_from_the_next_byte():
                         hpack.Encoder().encode([(":status", "200")]))
                         + frame(direct.DATA, 0, 1, m))
                 else:
-                    conn.sendall(http2(chunk_message(start, payload[start:], 300)))
+                    conn.sendall(http2(chunk_message(start, payload[start:], 300),
+                                       digests_message(300, [("t", digest.of_bytes(payload))])))
                     conn.recv(1 << 16)
         listener.close()
 

@@ -30,15 +30,17 @@ _TRY_NEXT_CODES = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
 
 class Chunk:
     """One WeightChunk of a fetch, without copying its data: `data` is a
-    memoryview into the received message."""
+    memoryview into the received message. `tensor_digests`: its
+    (name, digest) pairs (FETCH_DIGEST_TENSORS), in the order sent."""
 
-    __slots__ = ("offset", "data", "total_bytes", "digest")
+    __slots__ = ("offset", "data", "total_bytes", "digest", "tensor_digests")
 
-    def __init__(self, offset, data, total_bytes, digest):
+    def __init__(self, offset, data, total_bytes, digest, tensor_digests=()):
         self.offset = offset
         self.data = data
         self.total_bytes = total_bytes
         self.digest = digest
+        self.tensor_digests = tensor_digests
 
 
 def _varint(buf, pos):
@@ -56,14 +58,16 @@ def parse_chunk(raw):
     """A serialized WeightChunk -> Chunk, with `data` a view of `raw`.
 
     The generated parser would copy every chunk's payload into a new bytes
-    object; the fetch path reads the four fields itself instead (proto
-    field numbers of WeightChunk: 1 offset, 2 data, 3 total_bytes, 4 digest).
+    object; the fetch path reads the fields itself instead (proto field
+    numbers of WeightChunk: 1 offset, 2 data, 3 total_bytes, 4 digest,
+    5 tensor_digests; of TensorDigest: 1 name, 2 digest).
     """
     mv = memoryview(raw)
     pos, end = 0, len(raw)
     offset = total = 0
     data = mv[0:0]
     digest = ""
+    tensor_digests = []
     while pos < end:
         key, pos = _varint(raw, pos)
         field, wire = key >> 3, key & 7
@@ -79,6 +83,8 @@ def parse_chunk(raw):
                 data = mv[pos:pos + n]
             elif field == 4:
                 digest = bytes(mv[pos:pos + n]).decode("ascii")
+            elif field == 5:
+                tensor_digests.append(_tensor_digest(raw, pos, pos + n))
             pos += n
         elif wire == 1:
             pos += 8
@@ -86,7 +92,33 @@ def parse_chunk(raw):
             pos += 4
         else:
             raise ValueError(f"WeightChunk: unexpected wire type {wire}")
-    return Chunk(offset, data, total, digest)
+    return Chunk(offset, data, total, digest, tensor_digests)
+
+
+def _tensor_digest(raw, pos, end):
+    """The (name, digest) of the TensorDigest in raw[pos:end]."""
+    name = digest = ""
+    while pos < end:
+        key, pos = _varint(raw, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(raw, pos)
+        elif wire == 2:
+            n, pos = _varint(raw, pos)
+            if field == 1:
+                name = bytes(raw[pos:pos + n]).decode("utf-8")
+            elif field == 2:
+                digest = bytes(raw[pos:pos + n]).decode("ascii")
+            pos += n
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise ValueError(f"TensorDigest: unexpected wire type {wire}")
+    if pos != end:
+        raise ValueError("TensorDigest: a field runs past the entry")
+    return name, digest
 
 
 class ReplicaResult:

@@ -157,8 +157,9 @@ class DirectFetch:
       place(offset, n): writable memoryviews, n bytes together, for file
         bytes [offset, offset + n) (where a chunk's data goes);
       piece_done(views): those bytes arrived (hash them, count them);
-      message_done(offset, length, total_bytes, digest): a WeightChunk
-        ended (check it; raise to stop).
+      message_done(offset, length, total_bytes, digest, tensor_digests): a
+        WeightChunk ended (check it; raise to stop); tensor_digests: its
+        (name, digest) pairs, in the order sent (FETCH_DIGEST_TENSORS).
     cancel() from another thread ends run() with CANCELLED.
     """
 
@@ -454,16 +455,19 @@ class DirectFetch:
                     msg.left = struct.unpack(">I", msg.prefix[1:])[0]
             else:
                 # The WeightChunk's other fields (a few bytes before `data`,
-                # some dozens after), read a byte at a time from the buffer so
-                # that no byte of `data` is taken for a field.
-                msg.fields += self._read(1)
-                n -= 1
-                msg.left -= 1
+                # some dozens after, the tensor digests at the end), read
+                # from the buffer no further than the field being parsed
+                # goes, so that no byte of `data` is taken for a field.
+                k = min(n, msg.left, msg.need)
+                msg.fields += self._read(k)
+                n -= k
+                msg.left -= k
                 msg.parse()
             if msg.left == 0 and not msg.data_left:
                 if msg.fields:
                     raise ProtocolError("a WeightChunk ended inside a field")
-                message_done(msg.offset, msg.length, msg.total, msg.digest)
+                message_done(msg.offset, msg.length, msg.total, msg.digest,
+                             msg.tensor_digests)
                 msg.reset()
 
     def _finish(self, fields, msg):
@@ -518,7 +522,8 @@ class _Message:
     """One WeightChunk being received. Its small fields are parsed as they
     come; once the header of its `data` field is parsed, the data bytes go
     to caller memory (pos, data_left) instead of a buffer. Proto field
-    numbers: 1 offset, 2 data, 3 total_bytes, 4 digest."""
+    numbers: 1 offset, 2 data, 3 total_bytes, 4 digest, 5 tensor_digests
+    (each entry a field of its own: a TensorDigest, 1 name, 2 digest)."""
 
     # A field other than `data` this large is not a WeightChunk of ours.
     MAX_FIELD = 64 << 10
@@ -532,16 +537,19 @@ class _Message:
         self.fields = bytearray()
         self.offset = self.total = self.length = 0
         self.digest = ""
+        self.tensor_digests = []
+        self.need = 1           # bytes that would complete the field in `fields`
         self.data_seen = False
         self.data_left = 0
         self.pos = 0
 
     def parse(self):
         """Consumes the complete fields at the start of `fields`; stops at an
-        incomplete one, or after the data field's header."""
+        incomplete one (setting `need`), or after the data field's header."""
         buf = self.fields
         if len(buf) > self.MAX_FIELD:
             raise ProtocolError("a WeightChunk field larger than 64 KiB")
+        self.need = 1
         while buf:
             key = _varint(buf, 0)
             if key is None:
@@ -574,19 +582,62 @@ class _Message:
                     self.pos = self.offset
                     del buf[:p]
                     return
+                if n > self.MAX_FIELD:
+                    raise ProtocolError("a WeightChunk field larger than 64 KiB")
                 if len(buf) - p < n:
+                    self.need = p + n - len(buf)
                     return
                 if field == 4:
                     self.digest = bytes(buf[p:p + n]).decode("ascii", "replace")
+                elif field == 5:
+                    self.tensor_digests.append(_tensor_digest(buf[p:p + n]))
                 p += n
             elif wire == 1:
                 if len(buf) - p < 8:
+                    self.need = p + 8 - len(buf)
                     return
                 p += 8
             elif wire == 5:
                 if len(buf) - p < 4:
+                    self.need = p + 4 - len(buf)
                     return
                 p += 4
             else:
                 raise ProtocolError(f"WeightChunk: wire type {wire}")
             del buf[:p]
+
+
+def _tensor_digest(buf):
+    """The (name, digest) of a serialized TensorDigest."""
+    name = digest = ""
+    p = 0
+    while p < len(buf):
+        key = _varint(buf, p)
+        if key is None:
+            raise ProtocolError("a TensorDigest ended inside a field")
+        tag, p = key
+        field, wire = tag >> 3, tag & 7
+        if wire == 0:
+            v = _varint(buf, p)
+            if v is None:
+                raise ProtocolError("a TensorDigest ended inside a field")
+            p = v[1]
+        elif wire == 2:
+            v = _varint(buf, p)
+            if v is None:
+                raise ProtocolError("a TensorDigest ended inside a field")
+            n, p = v
+            if field == 1:
+                name = bytes(buf[p:p + n]).decode("utf-8", "replace")
+            elif field == 2:
+                digest = bytes(buf[p:p + n]).decode("ascii", "replace")
+            p += n
+        elif wire == 1:
+            p += 8
+        elif wire == 5:
+            p += 4
+        else:
+            raise ProtocolError(f"TensorDigest: wire type {wire}")
+        if p > len(buf):
+            raise ProtocolError("a TensorDigest ended inside a field")
+    return name, digest

@@ -2,13 +2,17 @@
 
 The handle is fetched in the raw format (tensor bytes back to back, each
 at a 64-byte boundary, in the handle's order: docs/delivery.md), whose
-layout follows from the spec, so no DescribeFile is needed (which would
-cost the server a pass over the handle for per-tensor digests); the
-stream's total size checks it. Each chunk is
+layout follows from the spec, so no DescribeFile is needed; the stream's
+total size checks it. Each chunk is
 copied straight into the destination tensors' storage: no per-tensor
 buffer, no file, no second copy of the model. CUDA destinations receive
 through pinned staging buffers (a ring of them, host-to-device copies
 overlapping the network) on a side stream.
+
+Verifying asks for the tensors' digests (FETCH_DIGEST_TENSORS) rather than
+the file's: the server then hashes nothing while it streams (it has the
+tensors' digests from one parallel pass per handle), and the receiver
+hashes each tensor's bytes as they arrive.
 """
 
 import logging
@@ -49,15 +53,19 @@ def glob_escape(name):
     return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
 
 
-def fetch_fields(spec, names=None):
+def fetch_fields(spec, names=None, tensor_digests=True):
     """FetchRequest fields for the raw layout above (of all roots, or of
-    the roots `names`, in the spec's order)."""
+    the roots `names`, in the spec's order); with tensor_digests, the
+    stream ends with every tensor's digest instead of the file's."""
     from materializer._proto import pb
+    fields = dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True)
+    if tensor_digests:
+        fields["digest"] = pb.FETCH_DIGEST_TENSORS
     if names is not None:
-        return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
-                    include=[glob_escape(n) for n in names])
-    return dict(format=pb.WEIGHT_FORMAT_RAW, include_non_persistent=True,
-                exclude=[glob_escape(t.name) for t in spec.tensors if t.tie_to])
+        fields["include"] = [glob_escape(n) for n in names]
+    else:
+        fields["exclude"] = [glob_escape(t.name) for t in spec.tensors if t.tie_to]
+    return fields
 
 
 def partition(spec, parts):
@@ -178,8 +186,9 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
                 verify=True, chunk_bytes=0, streams=1):
     """Fetches `handle` (materialized from `spec`) into `dests` ({root
     name: contiguous tensor of the local shape}). progress: a tqdm-like
-    object with update(n), or None. verify: hash the received bytes and
-    compare with the stream's digest (XXH3-128). streams: parallel fetch
+    object with update(n), or None. verify: hash each tensor's received
+    bytes and compare with the digest the stream ends with (XXH3-128, one
+    per tensor: _Verifier). streams: parallel fetch
     streams, each on its own connection, each for a part of the tensors
     (groups of about equal bytes). Returns the bytes received.
 
@@ -187,13 +196,14 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
     Ctrl-C lands here, cancels them and propagates (never inside gRPC)."""
     if streams <= 1 or len(spec.roots) < 2:
         layout, total = raw_layout(spec)
-        jobs = [(layout, total, fetch_fields(spec), 0)]
+        jobs = [(layout, total, fetch_fields(spec, tensor_digests=verify), 0)]
     else:
         jobs = []
         for lane, names in enumerate(partition(spec, streams)):
             wanted = set(names)
             layout, total = raw_layout(_Names([t for t in spec.tensors if t.name in wanted]))
-            jobs.append((layout, total, fetch_fields(spec, names), lane))
+            jobs.append((layout, total, fetch_fields(spec, names, tensor_digests=verify),
+                         lane))
     direct = torch.device(device).type == "cpu"
     loads = [(_DirectLoad if direct else _StreamLoad)(
                  client, handle, layout, total, fields, dests, device, progress, verify,
@@ -213,15 +223,76 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
 
 def _check_complete(load):
     """Raises unless `load` (a finished _StreamLoad or _DirectLoad) received
-    every byte of its file and, when it hashed them, the server's digest."""
+    every byte of its file and, when it hashed them, each tensor's digest."""
     if load.received != load.total:
         raise LoadError(f"handle {load.handle}: the stream ended at {load.received} "
                         f"of {load.total} bytes")
-    if load.hasher is not None and load.total:
-        mine = "xxh3-128:" + load.hasher.hexdigest()
-        if load.digest and mine != load.digest:
-            raise LoadError(f"handle {load.handle}: the received bytes hash to {mine}, "
-                            f"the server's file to {load.digest}")
+    if load.verifier is not None:
+        load.verifier.check(load.digest)
+
+
+class _Verifier:
+    """Hashes the tensors of a raw file with `layout` as its bytes arrive
+    (in file order, in pieces of any size; one XXH3-128 per tensor, the
+    padding between tensors left out) and compares them with the digests
+    the stream ends with (FETCH_DIGEST_TENSORS)."""
+
+    def __init__(self, handle, layout):
+        import xxhash
+        self.handle = handle
+        self.layout = sorted(layout, key=lambda e: e[1])
+        self.hashers = [xxhash.xxh3_128() for _ in self.layout]
+        self.i = 0            # the first tensor that may still get bytes
+        self.sent = {}        # name -> the stream's digest
+
+    def update(self, offset, data):
+        """data: a memoryview (or bytes) of file bytes [offset, offset+len)."""
+        end = offset + len(data)
+        layout = self.layout
+        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
+            self.i += 1
+        j = self.i
+        while j < len(layout) and layout[j][1] < end:
+            _, start, nbytes = layout[j]
+            lo, hi = max(start, offset), min(start + nbytes, end)
+            if hi > lo:
+                self.hashers[j].update(data[lo - offset:hi - offset])
+            j += 1
+
+    def add(self, tensor_digests):
+        """The (name, digest) pairs of a chunk. A resumed stream sends them
+        all again; the same pair twice is fine, two values for a name not."""
+        for name, digest in tensor_digests:
+            seen = self.sent.setdefault(name, digest)
+            if seen != digest:
+                raise LoadError(f"handle {self.handle}: the stream sent two digests for "
+                                f"tensor {name!r}, {seen} and {digest}")
+
+    def check(self, file_digest=""):
+        """Raises LoadError naming the first tensor whose bytes do not match
+        its digest, that got no digest, or a digest naming no tensor of the
+        layout. A stream that carried a file digest and no tensor digests
+        came from a server that does not know FETCH_DIGEST_TENSORS: nothing
+        was checked, which is logged, not raised."""
+        if not self.sent and file_digest:
+            log.warning("materializer: handle %s: the server sent a file digest, not the "
+                        "tensors' digests (an older server); the received bytes were not "
+                        "verified", self.handle)
+            return
+        names = {e[0] for e in self.layout}
+        for name in self.sent:
+            if name not in names:
+                raise LoadError(f"handle {self.handle}: the stream sent a digest for {name!r}, "
+                                "which is not a tensor of this load")
+        for (name, _, _), hasher in zip(self.layout, self.hashers):
+            theirs = self.sent.get(name)
+            if theirs is None:
+                raise LoadError(f"handle {self.handle}: the stream sent no digest for tensor "
+                                f"{name!r}")
+            mine = "xxh3-128:" + hasher.hexdigest()
+            if mine != theirs:
+                raise LoadError(f"handle {self.handle}: tensor {name!r}: the received bytes hash "
+                                f"to {mine}, the server's tensor to {theirs}")
 
 
 class _Names:
@@ -245,10 +316,7 @@ class _StreamLoad:
         self.sink = _Sink(layout, dests, device, max(chunk_bytes, 4 << 20))
         self.stream = client.fetch(handle, chunk_bytes=chunk_bytes, lane=lane, **fields)
         self.progress = progress
-        self.hasher = None
-        if verify:
-            import xxhash
-            self.hasher = xxhash.xxh3_128()
+        self.verifier = _Verifier(handle, layout) if verify else None
         self.work = queue.Queue(maxsize=QUEUE)
         self.errors = []
         self.received = 0
@@ -290,10 +358,13 @@ class _StreamLoad:
                                     f"expected {self.received}")
                 if self.errors:
                     break
-                self.work.put((chunk.offset, chunk.data))
-                self.received += len(chunk.data)
+                if len(chunk.data):
+                    self.work.put((chunk.offset, chunk.data))
+                    self.received += len(chunk.data)
                 if chunk.digest:
                     self.digest = chunk.digest
+                if chunk.tensor_digests and self.verifier is not None:
+                    self.verifier.add(chunk.tensor_digests)
         except BaseException as e:  # noqa: BLE001 - wait() raises it
             self.errors.append(e)
         finally:
@@ -309,8 +380,8 @@ class _StreamLoad:
                     return
                 offset, data = item
                 self.sink.write(offset, data)
-                if self.hasher is not None:
-                    self.hasher.update(data)
+                if self.verifier is not None:
+                    self.verifier.update(offset, data)
                 if self.progress is not None:
                     self.progress.update(len(data))
         except BaseException as e:  # noqa: BLE001 - wait() raises it
@@ -339,10 +410,7 @@ class _DirectLoad:
         self.fields = dict(fields, chunk_bytes=chunk_bytes) if chunk_bytes else dict(fields)
         self.sink = _Sink(layout, dests, device, 0)
         self.progress = progress
-        self.hasher = None
-        if verify:
-            import xxhash
-            self.hasher = xxhash.xxh3_128()
+        self.verifier = _Verifier(handle, layout) if verify else None
         self.errors = []
         self.received = 0
         self.digest = ""
@@ -428,16 +496,18 @@ class _DirectLoad:
     def _piece(self, views):
         n = 0
         for v in views:
-            if self.hasher is not None:
-                self.hasher.update(v)
+            if self.verifier is not None:
+                self.verifier.update(self.received + n, v)
             n += len(v)
         self.received += n
         if self.progress is not None:
             self.progress.update(n)
 
-    def _message(self, offset, length, total_bytes, digest):
+    def _message(self, offset, length, total_bytes, digest, tensor_digests):
         if total_bytes != self.total:
             raise LoadError(f"handle {self.handle}: the raw file is {total_bytes} bytes, the "
                             f"spec's layout {self.total}; the handle does not hold this spec")
         if digest:
             self.digest = digest
+        if tensor_digests and self.verifier is not None:
+            self.verifier.add(tensor_digests)
