@@ -214,6 +214,10 @@ TRAINER = textwrap.dedent("""
     from materializer.load import stream
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # stacks, if it hangs
+    # A shell without job control starts background commands with SIGINT
+    # ignored, and children inherit that (Python then installs no
+    # KeyboardInterrupt handler): Ctrl-C as a terminal delivers it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     never = threading.Event()
     def held(method):
         def first_chunk_waits(self, offset, *rest):
@@ -239,13 +243,13 @@ def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
-    # A shell without job control starts background commands with SIGINT
-    # ignored, and children inherit that (Python then installs no
-    # KeyboardInterrupt handler): give the trainer the default, as a
-    # terminal's Ctrl-C finds it.
+    # No preexec_fn: it forks this process, whose gRPC threads are running,
+    # and runs Python in the child before exec, which the subprocess docs
+    # call unsafe with threads; here it now and then left the trainer's
+    # gRPC broken ("epoll_wait error: Bad file descriptor") so that it died
+    # before loading. The trainer restores Ctrl-C handling itself.
     proc = subprocess.Popen([sys.executable, str(script), srv.address], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "loading"
     assert srv.stats().handles == 1
     proc.send_signal(how)
