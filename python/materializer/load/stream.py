@@ -196,14 +196,13 @@ def load_stream(client, handle, spec, dests, device="cpu", progress=None,
     Ctrl-C lands here, cancels them and propagates (never inside gRPC)."""
     if streams <= 1 or len(spec.roots) < 2:
         layout, total = raw_layout(spec)
-        jobs = [(layout, total, fetch_fields(spec, tensor_digests=verify), 0)]
+        jobs = [(layout, total, fetch_fields(spec), 0)]
     else:
         jobs = []
         for lane, names in enumerate(partition(spec, streams)):
             wanted = set(names)
             layout, total = raw_layout(_Names([t for t in spec.tensors if t.name in wanted]))
-            jobs.append((layout, total, fetch_fields(spec, names, tensor_digests=verify),
-                         lane))
+            jobs.append((layout, total, fetch_fields(spec, names), lane))
     direct = torch.device(device).type == "cpu"
     loads = [(_DirectLoad if direct else _StreamLoad)(
                  client, handle, layout, total, fields, dests, device, progress, verify,
