@@ -161,9 +161,13 @@ absl::Status WeightStream::Next(Chunk* chunk) {
   chunk->pieces.clear();
 
   if (digest_.per_tensor && position_ >= total &&
-      (sent_any_ || !digest_.tensors.empty())) {
+      (sent_any_ || !digest_.tensors.empty() || digest_.pending != nullptr)) {
     // Every byte is out: the next batch of tensor digests. An entry's
     // size bound counts its own framing (tags and lengths).
+    if (digest_.pending != nullptr) {
+      ASSIGN_OR_RETURN(digest_.tensors, digest_.pending->Wait());
+      digest_.pending.reset();
+    }
     uint64_t bytes = 0;
     while (digests_sent_ < digest_.tensors.size()) {
       const NamedDigest& entry = digest_.tensors[digests_sent_];

@@ -52,20 +52,32 @@ struct NamedDigest {
 // Bytes of TensorDigest entries one chunk carries at most.
 inline constexpr uint64_t kMaxDigestBytesPerChunk = 64 << 10;
 
+// Per-tensor digests being computed elsewhere (on threads of their own)
+// while a stream sends its data. Destroying it stops the computation.
+class PendingTensorDigests {
+ public:
+  virtual ~PendingTensorDigests() = default;
+  // Blocks until the digests of every tensor of the file are known, in file
+  // order.
+  virtual absl::StatusOr<std::vector<NamedDigest>> Wait() = 0;
+};
+
 // How a stream proves its bytes (v1::FetchDigest).
 //
 // File digest (per_tensor false): known already (cached from an earlier
 // fetch or DescribeFile), or computed while streaming and then handed to
 // `on_computed` (which caches it); the last chunk carries it.
 //
-// Per-tensor digests (per_tensor true): `tensors` holds every tensor of the
-// file in file order, computed before the stream opened; the stream hashes
-// nothing and ends with chunks without data that carry them.
+// Per-tensor digests (per_tensor true): every tensor of the file in file
+// order, in `tensors` if known when the stream opens, else from `pending`
+// once the data is out; the stream hashes nothing and ends with chunks
+// without data that carry them.
 struct FileDigest {
   std::string known;
   std::function<void(const std::string& digest)> on_computed;
   bool per_tensor = false;
   std::vector<NamedDigest> tensors;
+  std::unique_ptr<PendingTensorDigests> pending;
 };
 
 // Thread-compatible: one caller at a time. Holds a reference to the arena,
@@ -112,11 +124,13 @@ class WeightStream {
   uint64_t position() const { return position_; }
   bool done() const {
     return position_ >= file_->size() && sent_any_ &&
+           digest_.pending == nullptr &&
            digests_sent_ >= digest_.tensors.size();
   }
 
   // The next up to chunk_bytes bytes; with per-tensor digests, once the
-  // bytes are sent, the next chunk of digests. A fetch that starts at the
+  // bytes are sent, the next chunk of digests (the first of them waits for
+  // pending digests). A fetch that starts at the
   // end of the file yields exactly one empty chunk (file digest), or only
   // the digest chunks, so the client still learns total_bytes and the
   // digests.

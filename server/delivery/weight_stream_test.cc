@@ -179,8 +179,9 @@ std::string StreamPerTensor(const Fixture& f, uint64_t offset,
   FileDigest digest;
   digest.per_tensor = true;
   digest.tensors = std::move(tensors);
-  auto stream =
-      WeightStream::Open(f.arena, f.file, offset, chunk_bytes, digest).value();
+  auto stream = WeightStream::Open(f.arena, f.file, offset, chunk_bytes,
+                                   std::move(digest))
+                    .value();
   std::string out;
   *digest_chunks = 0;
   while (!stream->done()) {
@@ -218,8 +219,8 @@ TEST(WeightStreamTest, PerTensorDigestsFollowTheDataAndTheFileIsNotHashed) {
   const std::string whole = WholeFile(f);
   const std::vector<NamedDigest> tensors = {{"big", "xxh3-128:b"},
                                             {"small", "xxh3-128:s"}};
-  for (uint64_t offset : {uint64_t{0}, uint64_t{777777},
-                          uint64_t{whole.size()}}) {
+  for (uint64_t offset :
+       {uint64_t{0}, uint64_t{777777}, uint64_t{whole.size()}}) {
     std::vector<NamedDigest> got;
     int digest_chunks = 0;
     EXPECT_EQ(StreamPerTensor(f, offset, 65536, tensors, &got, &digest_chunks),
@@ -248,10 +249,90 @@ TEST(WeightStreamTest, ManyTensorDigestsAreSpreadOverBoundedChunks) {
   for (const NamedDigest& entry : tensors) {
     bytes += entry.name.size() + entry.digest.size() + 16;
   }
-  const int fewest = static_cast<int>(
-      (bytes + kMaxDigestBytesPerChunk - 1) / kMaxDigestBytesPerChunk);
+  const int fewest = static_cast<int>((bytes + kMaxDigestBytesPerChunk - 1) /
+                                      kMaxDigestBytesPerChunk);
   EXPECT_GE(digest_chunks, fewest);
   EXPECT_LE(digest_chunks, fewest + 1);
+}
+
+// Pending digests that count how often they were waited for, when, and
+// whether they were dropped.
+class FakePending : public PendingTensorDigests {
+ public:
+  FakePending(absl::StatusOr<std::vector<NamedDigest>> result,
+              const WeightStream** stream, std::vector<uint64_t>* waits,
+              bool* destroyed)
+      : result_(std::move(result)),
+        stream_(stream),
+        waits_(waits),
+        destroyed_(destroyed) {}
+  ~FakePending() override { *destroyed_ = true; }
+  absl::StatusOr<std::vector<NamedDigest>> Wait() override {
+    waits_->push_back((*stream_)->position());
+    return result_;
+  }
+
+ private:
+  absl::StatusOr<std::vector<NamedDigest>> result_;
+  const WeightStream** stream_;
+  std::vector<uint64_t>* waits_;
+  bool* destroyed_;
+};
+
+TEST(WeightStreamTest, PendingDigestsAreWaitedForOnlyOnceTheDataIsOut) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  const std::string whole = WholeFile(f);
+  const WeightStream* raw = nullptr;
+  std::vector<uint64_t> waits;
+  bool destroyed = false;
+  FileDigest digest;
+  digest.per_tensor = true;
+  digest.pending = std::make_unique<FakePending>(
+      std::vector<NamedDigest>{{"big", "xxh3-128:b"}, {"small", "xxh3-128:s"}},
+      &raw, &waits, &destroyed);
+  auto stream =
+      WeightStream::Open(f.arena, f.file, 0, 65536, std::move(digest)).value();
+  raw = stream.get();
+  std::string data;
+  std::vector<std::string> names;
+  while (!stream->done()) {
+    WeightStream::Chunk chunk;
+    ASSERT_OK(stream->Next(&chunk));
+    for (const auto& piece : chunk.pieces)
+      data.append(piece.data, piece.length);
+    for (const NamedDigest& entry : chunk.tensor_digests) {
+      names.push_back(entry.name);
+    }
+  }
+  EXPECT_EQ(data, whole);
+  EXPECT_EQ(names, (std::vector<std::string>{"big", "small"}));
+  // Once, after the last data byte; then let go of.
+  EXPECT_EQ(waits, std::vector<uint64_t>{whole.size()});
+  EXPECT_TRUE(destroyed);
+}
+
+TEST(WeightStreamTest, PendingDigestsThatFailEndTheStreamWithTheirError) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_RAW);
+  const WeightStream* raw = nullptr;
+  std::vector<uint64_t> waits;
+  bool destroyed = false;
+  FileDigest digest;
+  digest.per_tensor = true;
+  digest.pending = std::make_unique<FakePending>(
+      absl::DataLossError("arena unreadable"), &raw, &waits, &destroyed);
+  auto stream =
+      WeightStream::Open(f.arena, f.file, 0, 0, std::move(digest)).value();
+  raw = stream.get();
+  absl::Status status;
+  for (int i = 0; i < 100 && status.ok() && !stream->done(); ++i) {
+    WeightStream::Chunk chunk;
+    status = stream->Next(&chunk);
+  }
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss,
+                               ::testing::HasSubstr("arena unreadable")));
+  EXPECT_FALSE(stream->done());
+  stream.reset();  // the client went away: the computation is dropped
+  EXPECT_TRUE(destroyed);
 }
 
 TEST(WeightStreamTest, BadOffsetsAndChunkSizesAreRefused) {

@@ -93,9 +93,9 @@ absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
 // one included), the largest `bytes[i]` first, so that one big tensor does
 // not start last and leave the other threads idle. The first error stops
 // the tasks not yet started and is returned.
-absl::Status ForEachInParallel(std::vector<size_t> items,
-                               const std::vector<uint64_t>& bytes, int threads,
-                               const std::function<absl::Status(size_t)>& work) {
+absl::Status ForEachInParallel(
+    std::vector<size_t> items, const std::vector<uint64_t>& bytes, int threads,
+    const std::function<absl::Status(size_t)>& work) {
   std::stable_sort(items.begin(), items.end(),
                    [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
   std::atomic<size_t> next{0};
@@ -143,15 +143,15 @@ absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
           bytes[i] = spec.tensors[i].nbytes;
         }
         RETURN_IF_ERROR(ForEachInParallel(
-            std::move(roots), bytes,
-            arena.host_data() != nullptr ? threads : 1,
+            std::move(roots), bytes, arena.host_data() != nullptr ? threads : 1,
             [&](size_t i) -> absl::Status {
               RETURN_IF_ERROR(CheckCancelled(cancelled));
               delivery::Hasher hasher;
-              RETURN_IF_ERROR(ScanArena(
-                  arena, spec.layout.offsets[i], spec.tensors[i].nbytes,
-                  cancelled,
-                  [&](const char* data, uint64_t n) { hasher.Update(data, n); }));
+              RETURN_IF_ERROR(ScanArena(arena, spec.layout.offsets[i],
+                                        spec.tensors[i].nbytes, cancelled,
+                                        [&](const char* data, uint64_t n) {
+                                          hasher.Update(data, n);
+                                        }));
               digests[i] = delivery::FormatDigest(hasher.Finish());
               return absl::OkStatus();
             }));
@@ -436,9 +436,9 @@ absl::StatusOr<BuiltFile> BuildFile(const registry::Handle& handle,
         "WEIGHT_FORMAT_RAW"));
   }
   if (!v1::FetchDigest_IsValid(request.digest())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "digest: unknown value ", request.digest(),
-        "; expected FETCH_DIGEST_FILE or FETCH_DIGEST_TENSORS"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("digest: unknown value ", request.digest(),
+                     "; expected FETCH_DIGEST_FILE or FETCH_DIGEST_TENSORS"));
   }
   ASSIGN_OR_RETURN(Selection selection, Select(handle, request, cancelled));
   std::shared_ptr<const registry::Handle::Crcs> crcs;
@@ -510,6 +510,53 @@ std::vector<delivery::NamedDigest> FileTensorDigests(
   return out;
 }
 
+// A handle's tensor digests, computed on threads of their own while a
+// stream sends the data (with threads to spare, the stream never waits for
+// them; cached in the handle, so later fetches find them at once).
+// Destroying it (the stream ended or the client went away) stops the
+// computation between 64 MiB pieces and joins its thread; a computation
+// stopped that way is not cached.
+class BackgroundDigests final : public delivery::PendingTensorDigests {
+ public:
+  BackgroundDigests(std::shared_ptr<const registry::Handle> handle,
+                    std::shared_ptr<const memory::Arena> arena,
+                    std::shared_ptr<const delivery::WeightFile> file,
+                    int threads)
+      : thread_([this, handle = std::move(handle), arena = std::move(arena),
+                 file = std::move(file), threads] {
+          absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>>
+              digests = TensorDigests(
+                  *handle, *arena, [this] { return stop_.load(); }, threads);
+          absl::MutexLock lock(&mu_);
+          if (digests.ok()) {
+            result_ = FileTensorDigests(handle->spec(), *file, **digests);
+          } else {
+            result_ = digests.status();
+          }
+          done_ = true;
+        }) {}
+
+  ~BackgroundDigests() override {
+    stop_.store(true);
+    thread_.join();
+  }
+
+  absl::StatusOr<std::vector<delivery::NamedDigest>> Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+    return result_;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<std::vector<delivery::NamedDigest>> result_
+      ABSL_GUARDED_BY(mu_) = absl::UnknownError("not computed");
+  // Last: it starts running once every member above exists.
+  std::thread thread_;
+};
+
 int DigestThreads(const EngineOptions& options) {
   if (options.digest_threads > 0) return options.digest_threads;
   return std::max(1u, std::thread::hardware_concurrency());
@@ -530,13 +577,11 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
   const registry::Handle::FileKey key = built.key;
   delivery::FileDigest digest;
   if (request.digest() == v1::FETCH_DIGEST_TENSORS) {
-    // Computed (once per handle) before the first chunk, in parallel: the
-    // stream itself then only moves bytes.
-    ASSIGN_OR_RETURN(
-        std::shared_ptr<const registry::Handle::Digests> digests,
-        TensorDigests(*handle, *arena, cancelled, DigestThreads(options_)));
+    // Computed (once per handle) on threads of their own while the data
+    // goes out, and sent after it: the stream itself only moves bytes.
     digest.per_tensor = true;
-    digest.tensors = FileTensorDigests(handle->spec(), *file, *digests);
+    digest.pending = std::make_unique<BackgroundDigests>(
+        handle, arena, file, DigestThreads(options_));
   } else {
     digest.known = handle->FileDigest(key);
   }
@@ -575,8 +620,8 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
   // over the file for a digest it does not use.
   std::string digest;
   if (request.digest() != v1::FETCH_DIGEST_TENSORS) {
-    ASSIGN_OR_RETURN(digest, FileDigestOf(*handle, *arena, *file, built.key,
-                                          cancelled));
+    ASSIGN_OR_RETURN(
+        digest, FileDigestOf(*handle, *arena, *file, built.key, cancelled));
   }
 
   // Ranges index the selection; map them back to spec indices by name.

@@ -321,8 +321,8 @@ TEST_F(EngineTest, TensorDigestsFollowTheBytesWithoutAFileHash) {
   ASSERT_EQ(data.size(), layout.total_bytes());
   for (int k = 0; k < layout.entries_size(); ++k) {
     const v1::FileEntry& entry = layout.entries(k);
-    const std::string expected = delivery::FormatDigest(delivery::HashBytes(
-        data.data() + entry.offset(), entry.nbytes()));
+    const std::string expected = delivery::FormatDigest(
+        delivery::HashBytes(data.data() + entry.offset(), entry.nbytes()));
     EXPECT_EQ(sent[k].first, entry.name());
     EXPECT_EQ(sent[k].second, expected) << entry.name();
     EXPECT_EQ(entry.digest(), expected) << entry.name();
@@ -338,6 +338,13 @@ TEST_F(EngineTest, TensorDigestsFollowTheBytesWithoutAFileHash) {
   EXPECT_EQ(with_file.digest(), delivery::FormatDigest(delivery::HashBytes(
                                     data.data(), data.size())));
   EXPECT_EQ(handle->num_file_digests(), 1u);
+
+  // A fetch dropped right after it opened stops its digest computation
+  // (the stream's end joins it) and holds nothing afterwards.
+  fetch.set_digest(v1::FETCH_DIGEST_TENSORS);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<delivery::WeightStream> dropped,
+                       engine_->OpenFetch(alice_, fetch));
+  dropped.reset();
 
   fetch.set_digest(static_cast<v1::FetchDigest>(9));
   EXPECT_THAT(engine_->OpenFetch(alice_, fetch).status(),

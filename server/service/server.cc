@@ -183,8 +183,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   // Hashing a handle's tensors is request work: no more threads than the
   // pool's, and no more than the machine has.
   engine_options.digest_threads = std::max(
-      1, std::min(workers,
-                  static_cast<int>(std::thread::hardware_concurrency())));
+      1,
+      std::min(workers, static_cast<int>(std::thread::hardware_concurrency())));
   server->engine_ = std::make_unique<engine::Engine>(
       server->pool_.get(), server->registry_.get(), server->workers_.get(),
       engine_options);
