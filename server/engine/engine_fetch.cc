@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -131,7 +132,13 @@ absl::Status ForEachInParallel(
   threads = std::max(1, std::min<int>(threads, static_cast<int>(items.size())));
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
-  for (int t = 1; t < threads; ++t) pool.emplace_back(run);
+  for (int t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(run);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a limit): fewer threads, same result
+    }
+  }
   run();
   for (std::thread& thread : pool) thread.join();
   absl::MutexLock lock(&mu);
@@ -596,8 +603,16 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
     // Computed (once per handle) on threads of their own while the data
     // goes out, and sent after it: the stream itself only moves bytes.
     digest.per_tensor = true;
-    digest.pending = std::make_unique<BackgroundDigests>(
-        handle, arena, file, DigestThreads(options_));
+    try {
+      digest.pending = std::make_unique<BackgroundDigests>(
+          handle, arena, file, DigestThreads(options_));
+    } catch (const std::system_error&) {
+      // No thread to be had: compute them here, before the first chunk.
+      ASSIGN_OR_RETURN(
+          std::shared_ptr<const registry::Handle::Digests> digests,
+          TensorDigests(*handle, *arena, cancelled, DigestThreads(options_)));
+      digest.tensors = FileTensorDigests(handle->spec(), *file, *digests);
+    }
   } else {
     digest.known = handle->FileDigest(key);
   }
