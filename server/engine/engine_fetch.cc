@@ -1,10 +1,6 @@
 // The fetch paths of Engine: which bytes a client gets, in which layout,
 // and their digests.
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <functional>
@@ -94,22 +90,13 @@ absl::Status ScanArena(const memory::Arena& arena, uint64_t offset,
   return absl::OkStatus();
 }
 
-// Background work yields the CPU to what it runs beside: the calling
-// thread (only it: on Linux the nice value is per thread) drops to the
-// lowest priority. It still gets some CPU on a busy machine, so it cannot
-// starve, and all of it once the CPU is otherwise idle.
-void LowerThisThreadsPriority() {
-  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
-}
-
 // Runs work(i) for every i in `items` on up to `threads` threads (this
 // one included), the largest `bytes[i]` first, so that one big tensor does
 // not start last and leave the other threads idle. The first error stops
-// the tasks not yet started and is returned. `background`: every thread
-// runs at the lowest priority (the caller's must be one it owns).
+// the tasks not yet started and is returned.
 absl::Status ForEachInParallel(
     std::vector<size_t> items, const std::vector<uint64_t>& bytes, int threads,
-    bool background, const std::function<absl::Status(size_t)>& work) {
+    const std::function<absl::Status(size_t)>& work) {
   std::stable_sort(items.begin(), items.end(),
                    [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
   std::atomic<size_t> next{0};
@@ -117,7 +104,6 @@ absl::Status ForEachInParallel(
   absl::Mutex mu;
   absl::Status first;
   auto run = [&] {
-    if (background) LowerThisThreadsPriority();
     while (!failed.load(std::memory_order_relaxed)) {
       const size_t k = next.fetch_add(1);
       if (k >= items.size()) return;
@@ -148,11 +134,10 @@ absl::Status ForEachInParallel(
 // Per-tensor digests in spec order; tied tensors repeat their root's.
 // Host arenas are hashed on `threads` threads, one tensor per task (XXH3
 // is sequential within a tensor, not across tensors); device arenas on
-// this thread, one bounded host copy at a time. `background`: as in
-// ForEachInParallel (only from a thread the caller owns).
+// this thread, one bounded host copy at a time.
 absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
     const registry::Handle& handle, const memory::Arena& arena,
-    const Cancelled& cancelled, int threads, bool background = false) {
+    const Cancelled& cancelled, int threads) {
   return handle.TensorDigests(
       [&]() -> absl::StatusOr<registry::Handle::Digests> {
         const registry::HandleSpec& spec = handle.spec();
@@ -166,7 +151,7 @@ absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>> TensorDigests(
         }
         RETURN_IF_ERROR(ForEachInParallel(
             std::move(roots), bytes, arena.host_data() != nullptr ? threads : 1,
-            background, [&](size_t i) -> absl::Status {
+            [&](size_t i) -> absl::Status {
               RETURN_IF_ERROR(CheckCancelled(cancelled));
               delivery::Hasher hasher;
               RETURN_IF_ERROR(ScanArena(arena, spec.layout.offsets[i],
@@ -548,8 +533,7 @@ class BackgroundDigests final : public delivery::PendingTensorDigests {
                  file = std::move(file), threads] {
           absl::StatusOr<std::shared_ptr<const registry::Handle::Digests>>
               digests = TensorDigests(
-                  *handle, *arena, [this] { return stop_.load(); }, threads,
-                  /*background=*/true);
+                  *handle, *arena, [this] { return stop_.load(); }, threads);
           absl::MutexLock lock(&mu_);
           if (digests.ok()) {
             result_ = FileTensorDigests(handle->spec(), *file, **digests);
