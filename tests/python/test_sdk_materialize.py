@@ -264,8 +264,12 @@ def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
     assert "done" not in out
     if how == signal.SIGINT:
         assert "KeyboardInterrupt" in err
-        # The trainer released it itself on the way out.
-        srv.assert_idle()
+        # The trainer released it itself on the way out: the handle is gone
+        # at once, with no session cleanup. Its bytes go when the server's
+        # side of the cancelled stream ends (a fetch in flight keeps them
+        # until then), which the wait below allows for: checking them at
+        # once failed now and then on a loaded machine.
+        assert not srv.stub.ListHandles(srv.pb.ListHandlesRequest()).handles
     deadline = time.monotonic() + GRACE_S + 5
     while srv.stats().handles and time.monotonic() < deadline:
         time.sleep(0.1)
