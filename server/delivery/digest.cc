@@ -7,15 +7,88 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/delivery/xxh3_avx2.h"
 
 namespace materializer::delivery {
 namespace {
 
 XXH3_state_t* State(void* state) { return static_cast<XXH3_state_t*>(state); }
 
+// The XXH3 build every digest of this process uses: libxxhash (SSE2), or
+// the AVX2 build where the CPU has AVX2. The digests are the same; the
+// AVX2 loops are about twice as fast on data in cache.
+struct Kernels {
+  HashKernel kind;
+  void* (*new_state)();
+  void (*free)(void*);
+  void (*update)(void*, const void*, size_t);
+  void (*digest)(const void*, uint64_t*, uint64_t*);
+  void (*hash)(const void*, size_t, uint64_t*, uint64_t*);
+};
+
+Kernels SystemKernels() {
+  Kernels k;
+  k.kind = HashKernel::kSystem;
+  k.new_state = [] {
+    XXH3_state_t* state = XXH3_createState();
+    if (state == nullptr) std::abort();  // out of memory for 600 bytes
+    XXH3_128bits_reset(state);
+    return static_cast<void*>(state);
+  };
+  k.free = [](void* state) { XXH3_freeState(State(state)); };
+  k.update = [](void* state, const void* data, size_t length) {
+    XXH3_128bits_update(State(state), data, length);
+  };
+  k.digest = [](const void* state, uint64_t* high, uint64_t* low) {
+    const XXH128_hash_t hash =
+        XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state));
+    *high = hash.high64;
+    *low = hash.low64;
+  };
+  k.hash = [](const void* data, size_t length, uint64_t* high, uint64_t* low) {
+    const XXH128_hash_t hash = XXH3_128bits(data, length);
+    *high = hash.high64;
+    *low = hash.low64;
+  };
+  return k;
+}
+
+bool CpuHasAvx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+Kernels ChooseKernels() {
+  if (!xxh3_avx2::compiled() || !CpuHasAvx2()) return SystemKernels();
+  Kernels k;
+  k.kind = HashKernel::kAvx2;
+  k.new_state = xxh3_avx2::NewState;
+  k.free = xxh3_avx2::Free;
+  k.update = xxh3_avx2::Update;
+  k.digest = xxh3_avx2::Digest;
+  k.hash = xxh3_avx2::HashBytes;
+  return k;
+}
+
+const Kernels& Active() {
+  static const Kernels kernels = ChooseKernels();
+  return kernels;
+}
+
 }  // namespace
 
+HashKernel ActiveHashKernel() { return Active().kind; }
+
 Digest128 HashBytes(const void* data, size_t length) {
+  Digest128 out;
+  Active().hash(data, length, &out.high, &out.low);
+  return out;
+}
+
+Digest128 HashBytesWithSystemLibrary(const void* data, size_t length) {
   const XXH128_hash_t hash = XXH3_128bits(data, length);
   return Digest128{hash.high64, hash.low64};
 }
@@ -40,13 +113,10 @@ std::string FormatDigest(const Digest128& digest) {
                       absl::Hex(digest.low, absl::kZeroPad16));
 }
 
-Hasher::Hasher() : state_(XXH3_createState()) {
-  if (state_ == nullptr) std::abort();  // out of memory for 600 bytes
-  XXH3_128bits_reset(State(state_));
-}
+Hasher::Hasher() : state_(Active().new_state()) {}
 
 Hasher::~Hasher() {
-  if (state_ != nullptr) XXH3_freeState(State(state_));
+  if (state_ != nullptr) Active().free(state_);
 }
 
 Hasher::Hasher(Hasher&& other) noexcept
@@ -55,7 +125,7 @@ Hasher::Hasher(Hasher&& other) noexcept
 
 Hasher& Hasher::operator=(Hasher&& other) noexcept {
   if (this != &other) {
-    if (state_ != nullptr) XXH3_freeState(State(state_));
+    if (state_ != nullptr) Active().free(state_);
     state_ = std::exchange(other.state_, nullptr);
     length_ = std::exchange(other.length_, 0);
   }
@@ -64,13 +134,14 @@ Hasher& Hasher::operator=(Hasher&& other) noexcept {
 
 void Hasher::Update(const void* data, size_t length) {
   if (length == 0) return;
-  XXH3_128bits_update(State(state_), data, length);
+  Active().update(state_, data, length);
   length_ += length;
 }
 
 Digest128 Hasher::Finish() const {
-  const XXH128_hash_t hash = XXH3_128bits_digest(State(state_));
-  return Digest128{hash.high64, hash.low64};
+  Digest128 out;
+  Active().digest(state_, &out.high, &out.low);
+  return out;
 }
 
 }  // namespace materializer::delivery

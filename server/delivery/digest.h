@@ -36,6 +36,16 @@ struct Digest128 {
 // XXH3-128 of one buffer.
 Digest128 HashBytes(const void* data, size_t length);
 
+// Which XXH3 build this process hashes with (chosen once, by the CPU):
+// libxxhash as Debian builds it (SSE2), or this project's AVX2 build of
+// the same code (server/delivery/xxh3_avx2.h). Both give the same digests.
+enum class HashKernel { kSystem, kAvx2 };
+HashKernel ActiveHashKernel();
+
+// HashBytes through libxxhash whatever ActiveHashKernel() is: the
+// reference the AVX2 build is tested against.
+Digest128 HashBytesWithSystemLibrary(const void* data, size_t length);
+
 // The 16 bytes of a digest, big-endian (xxhash's canonical form, what
 // Python's .digest() returns).
 std::array<unsigned char, 16> CanonicalBytes(const Digest128& digest);

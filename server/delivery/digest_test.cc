@@ -1,6 +1,8 @@
 #include "server/delivery/digest.h"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -46,6 +48,50 @@ TEST(DigestTest, MovedHasherKeepsItsState) {
   Hasher b = std::move(a);
   b.Update("c", 1);
   EXPECT_EQ(b.Finish(), HashBytes("abc", 3));
+}
+
+// Every byte count from 0 to 2,100 (XXH3 has separate paths up to 16, 128,
+// 240 bytes and per 1 KiB stripe block), some large ones, at unaligned
+// starts, one-shot and streamed in uneven pieces: the kernel this process
+// uses gives libxxhash's digests.
+TEST(DigestTest, ActiveKernelMatchesTheSystemLibrary) {
+  std::string data(3 << 20, '\0');
+  uint64_t x = 0x9E3779B97F4A7C15u;
+  for (char& c : data) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  std::vector<size_t> sizes;
+  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
+  for (size_t n : {size_t{4095}, size_t{65536}, size_t{65537}, size_t{1 << 20},
+                   size_t{(2 << 20) + 13}}) {
+    sizes.push_back(n);
+  }
+  for (size_t n : sizes) {
+    const char* start = data.data() + (n % 61);
+    const Digest128 want = HashBytesWithSystemLibrary(start, n);
+    ASSERT_EQ(HashBytes(start, n), want) << n;
+    Hasher hasher;
+    for (size_t at = 0, step = 1; at < n; step = step * 3 + 1) {
+      const size_t k = std::min(step, n - at);
+      hasher.Update(start + at, k);
+      at += k;
+    }
+    ASSERT_EQ(hasher.Finish(), want) << n;
+  }
+}
+
+// On an x86-64 CPU with AVX2 the AVX2 build must be the one in use (a
+// build that lost -mavx2 falls back to libxxhash silently otherwise).
+TEST(DigestTest, UsesTheAvx2BuildWhereTheCpuHasIt) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 on this CPU";
+  EXPECT_EQ(ActiveHashKernel(), HashKernel::kAvx2);
+#else
+  EXPECT_EQ(ActiveHashKernel(), HashKernel::kSystem);
+#endif
 }
 
 TEST(DigestTest, CanonicalBytesAreBigEndianHighFirst) {
