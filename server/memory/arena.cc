@@ -54,9 +54,11 @@ absl::StatusOr<at::Tensor> AllocateHostStorage(uint64_t bytes,
         "cannot map ", FormatBytes(bytes), " of host memory: ",
         std::strerror(errno)));
   }
-  // Large arenas are written linearly by init; huge pages cut TLB misses.
-  // Advisory: ignored where transparent huge pages are off.
-  if (bytes >= (uint64_t{32} << 20)) madvise(pages, bytes, MADV_HUGEPAGE);
+  // No MADV_HUGEPAGE: on a 2-core VM, llama-1b's init took 1.3-15.9 s
+  // (median 10.3) with it and 2.2-2.4 s without, in one same-run A/B of 6
+  // repetitions: under THP defrag "madvise" each fault in an advised range
+  // waits for the kernel to find a free 2 MiB page (docs/architecture.md,
+  // "Host memory").
   at::Tensor storage;
   const absl::Status status = GuardTorch("wrapping the arena", [&] {
     storage = at::from_blob(

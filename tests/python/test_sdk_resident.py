@@ -39,8 +39,8 @@ def kernel_populates():
 def test_fresh_tensors_become_resident_and_keep_their_bytes():
     if not kernel_populates():
         pytest.skip("the kernel predates MADV_POPULATE_WRITE")
-    big = torch.empty(48 << 20, dtype=torch.uint8)       # huge pages advised
-    small = torch.empty(300_000, dtype=torch.float32)    # below HUGE_MIN_BYTES
+    big = torch.empty(48 << 20, dtype=torch.uint8)
+    small = torch.empty(300_000, dtype=torch.float32)
     assert resident_fraction(big) < 0.5                  # new: mostly unmapped
     big[: 1 << 20] = 7                                   # bytes already there stay
     work = MakeResident([big, small, torch.empty(0)]).start()

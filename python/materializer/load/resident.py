@@ -10,14 +10,20 @@ on a 2-core virtual machine (docs/python.md, "Where the time goes").
 So the stream transport allocates its CPU destinations *before* asking the
 server to materialize, and a background thread makes them resident while
 the server works: the faults overlap the server's init instead of the
-transfer. Two kernel facilities do it without writing a byte:
+transfer. MADV_POPULATE_WRITE (Linux 5.14) maps the pages as if written,
+without writing, so it can run while the copier already fills the same
+tensors: a page the copier wrote is left as it is.
 
-- MADV_HUGEPAGE on each tensor's 2 MiB-aligned interior, so that where the
-  kernel has transparent huge pages (mode "madvise" or "always") one fault
-  maps 2 MiB;
-- MADV_POPULATE_WRITE (Linux 5.14) maps the pages as if written, without
-  writing, so it can run while the copier already fills the same tensors:
-  a page the copier wrote is left as it is.
+No huge-page hint (MADV_HUGEPAGE), here or in the server's arenas: on
+the 2-core VM, first writes into advised ranges were fast in some runs
+and up to 10x slower in others (under THP defrag "madvise" a fault in an
+advised range waits until the kernel finds a free 2 MiB page, and the
+trainer and the server draw on the same free pages). In same-run A/Bs of
+llama-1b stream loads (4-6 alternating repetitions each), the load ran
+at 2.69 GB/s without the hint against 0.72 with it (server without the
+hint) and at 2.73 against 2.55 (server with it), and the materialize
+phase, which this thread overlaps, took 9.4 s against 16.1
+(docs/architecture.md, "Host memory").
 
 Elsewhere (another OS, an older kernel, a refused call) nothing happens and
 the copier faults the pages itself, as before. Only linux/CPU tensors are
@@ -29,13 +35,9 @@ import sys
 import threading
 
 PAGE = 4096
-HUGE = 2 << 20
-# Advise huge pages only for tensors that hold at least one whole huge page.
-HUGE_MIN_BYTES = 2 * HUGE
 # One madvise call covers at most this much, so stop() is honoured promptly.
 SLICE_BYTES = 64 << 20
 
-MADV_HUGEPAGE = 14
 MADV_POPULATE_WRITE = 23
 
 
@@ -98,10 +100,6 @@ class MakeResident:
         for addr, n in self._ranges:
             if self._stop.is_set():
                 return
-            if n >= HUGE_MIN_BYTES:
-                lo, hi = -(-addr // HUGE) * HUGE, (addr + n) // HUGE * HUGE
-                if hi > lo:
-                    _MADVISE(lo, hi - lo, MADV_HUGEPAGE)   # a hint: refusal is fine
             # Whole pages inside the tensor; the partial pages at its ends
             # are faulted by the copier.
             lo, hi = -(-addr // PAGE) * PAGE, (addr + n) // PAGE * PAGE
