@@ -89,8 +89,9 @@ Digest128 HashBytes(const void* data, size_t length) {
 }
 
 Digest128 HashBytesWithSystemLibrary(const void* data, size_t length) {
-  const XXH128_hash_t hash = XXH3_128bits(data, length);
-  return Digest128{hash.high64, hash.low64};
+  Digest128 out;
+  SystemKernels().hash(data, length, &out.high, &out.low);
+  return out;
 }
 
 uint32_t Crc32(const void* data, size_t length, uint32_t crc) {
