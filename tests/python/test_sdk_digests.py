@@ -77,6 +77,25 @@ def test_parse_chunk_reads_tensor_digests():
         parse_chunk(b"\x2a\x04\x0a\x05ab")
 
 
+def test_parse_chunk_refuses_truncated_and_overlong_fields():
+    good = pb.WeightChunk(offset=300, data=b"abcdef", total_bytes=9,
+                          tensor_digests=[pb.TensorDigest(name="w", digest="d")]
+                          ).SerializeToString()
+    assert bytes(parse_chunk(good).data) == b"abcdef"
+    # Every proper prefix that cuts a field is refused, never half-read.
+    for cut in range(1, len(good)):
+        try:
+            c = parse_chunk(good[:cut])
+        except ValueError as e:
+            assert "ended inside a field" in str(e), (cut, e)
+        else:   # a prefix that ends between fields is a shorter chunk
+            assert len(c.data) in (0, 6), cut
+    with pytest.raises(ValueError, match="varint longer than 10 bytes"):
+        parse_chunk(b"\x08" + b"\xff" * 10 + b"\x01")
+    with pytest.raises(ValueError, match="WeightChunk: wire type 7"):
+        parse_chunk(b"\x0f")
+
+
 def test_direct_receiver_reads_digest_entries_split_across_frames():
     pairs = [(f"layers.{i}.weight", digest.of_bytes(bytes([i]))) for i in range(40)]
     m = chunk_message(0, bytes(range(200)), 200) + digests_message(200, pairs)

@@ -10,6 +10,7 @@ import time
 import grpc
 
 from materializer._proto import pb
+from materializer.client import wire
 from materializer.client.channel import Connection
 from materializer.client.direct import DirectFetch
 from materializer.client.replicas import DISCOVERY_TIMEOUT_S, ReplicaSet
@@ -43,24 +44,14 @@ class Chunk:
         self.tensor_digests = tensor_digests
 
 
-def _varint(buf, pos):
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-
-
 def parse_chunk(raw):
     """A serialized WeightChunk -> Chunk, with `data` a view of `raw`.
 
     The generated parser would copy every chunk's payload into a new bytes
     object; the fetch path reads the fields itself instead (proto field
     numbers of WeightChunk: 1 offset, 2 data, 3 total_bytes, 4 digest,
-    5 tensor_digests; of TensorDigest: 1 name, 2 digest).
+    5 tensor_digests). Raises WireError (a ValueError) on bytes that are
+    not a WeightChunk.
     """
     mv = memoryview(raw)
     pos, end = 0, len(raw)
@@ -69,56 +60,40 @@ def parse_chunk(raw):
     digest = ""
     tensor_digests = []
     while pos < end:
-        key, pos = _varint(raw, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(raw, pos)
+        key = wire.varint(mv, pos)
+        if key is None:
+            raise wire.WireError("a WeightChunk ended inside a field")
+        tag, pos = key
+        field, kind = tag >> 3, tag & 7
+        if kind == 2:
+            v = wire.varint(mv, pos)
+            if v is None or v[1] + v[0] > end:
+                raise wire.WireError("a WeightChunk ended inside a field")
+            n, pos = v
+            if field == 2:
+                data = mv[pos:pos + n]
+            elif field == 4:
+                digest = bytes(mv[pos:pos + n]).decode("ascii", "replace")
+            elif field == 5:
+                tensor_digests.append(wire.tensor_digest(mv[pos:pos + n]))
+            pos += n
+        elif kind == 0:
+            v = wire.varint(mv, pos)
+            if v is None:
+                raise wire.WireError("a WeightChunk ended inside a field")
+            value, pos = v
             if field == 1:
                 offset = value
             elif field == 3:
                 total = value
-        elif wire == 2:
-            n, pos = _varint(raw, pos)
-            if field == 2:
-                data = mv[pos:pos + n]
-            elif field == 4:
-                digest = bytes(mv[pos:pos + n]).decode("ascii")
-            elif field == 5:
-                tensor_digests.append(_tensor_digest(raw, pos, pos + n))
-            pos += n
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
         else:
-            raise ValueError(f"WeightChunk: unexpected wire type {wire}")
+            try:
+                pos = wire.skip(mv, pos, kind)
+            except wire.WireError as e:
+                raise wire.WireError(f"WeightChunk: {e}") from None
+            if pos is None:
+                raise wire.WireError("a WeightChunk ended inside a field")
     return Chunk(offset, data, total, digest, tensor_digests)
-
-
-def _tensor_digest(raw, pos, end):
-    """The (name, digest) of the TensorDigest in raw[pos:end]."""
-    name = digest = ""
-    while pos < end:
-        key, pos = _varint(raw, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, pos = _varint(raw, pos)
-        elif wire == 2:
-            n, pos = _varint(raw, pos)
-            if field == 1:
-                name = bytes(raw[pos:pos + n]).decode("utf-8")
-            elif field == 2:
-                digest = bytes(raw[pos:pos + n]).decode("ascii")
-            pos += n
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"TensorDigest: unexpected wire type {wire}")
-    if pos != end:
-        raise ValueError("TensorDigest: a field runs past the entry")
-    return name, digest
 
 
 class ReplicaResult:

@@ -35,6 +35,7 @@ import urllib.parse
 import grpc
 import hpack
 
+from materializer.client import wire
 from materializer.errors import RpcError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -200,7 +201,7 @@ class DirectFetch:
             self._receive(place, piece_done, message_done)
         except RpcError:
             raise
-        except (ProtocolError, OSError, hpack.HPACKError) as e:
+        except (ProtocolError, wire.WireError, OSError, hpack.HPACKError) as e:
             with self._lock:
                 cancelled = self._cancelled
             if cancelled:
@@ -503,21 +504,6 @@ def _strip_headers_frame(payload, flags):
     return payload[pos:end]
 
 
-def _varint(buf, pos):
-    """(value, next pos), or None when buf ends inside the varint."""
-    result = shift = 0
-    while pos < len(buf):
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ProtocolError("a varint longer than 10 bytes")
-    return None
-
-
 class _Message:
     """One WeightChunk being received. Its small fields are parsed as they
     come; once the header of its `data` field is parsed, the data bytes go
@@ -551,13 +537,13 @@ class _Message:
             raise ProtocolError("a WeightChunk field larger than 64 KiB")
         self.need = 1
         while buf:
-            key = _varint(buf, 0)
+            key = wire.varint(buf, 0)
             if key is None:
                 return
             tag, p = key
-            field, wire = tag >> 3, tag & 7
-            if wire == 0:
-                v = _varint(buf, p)
+            field, kind = tag >> 3, tag & 7
+            if kind == 0:
+                v = wire.varint(buf, p)
                 if v is None:
                     return
                 value, p = v
@@ -567,8 +553,8 @@ class _Message:
                     self.offset = value
                 elif field == 3:
                     self.total = value
-            elif wire == 2:
-                v = _varint(buf, p)
+            elif kind == 2:
+                v = wire.varint(buf, p)
                 if v is None:
                     return
                 n, p = v
@@ -590,54 +576,20 @@ class _Message:
                 if field == 4:
                     self.digest = bytes(buf[p:p + n]).decode("ascii", "replace")
                 elif field == 5:
-                    self.tensor_digests.append(_tensor_digest(buf[p:p + n]))
+                    self.tensor_digests.append(wire.tensor_digest(buf[p:p + n]))
                 p += n
-            elif wire == 1:
+            elif kind == 1:
                 if len(buf) - p < 8:
                     self.need = p + 8 - len(buf)
                     return
                 p += 8
-            elif wire == 5:
+            elif kind == 5:
                 if len(buf) - p < 4:
                     self.need = p + 4 - len(buf)
                     return
                 p += 4
             else:
-                raise ProtocolError(f"WeightChunk: wire type {wire}")
+                raise ProtocolError(f"WeightChunk: wire type {kind}")
             del buf[:p]
 
 
-def _tensor_digest(buf):
-    """The (name, digest) of a serialized TensorDigest."""
-    name = digest = ""
-    p = 0
-    while p < len(buf):
-        key = _varint(buf, p)
-        if key is None:
-            raise ProtocolError("a TensorDigest ended inside a field")
-        tag, p = key
-        field, wire = tag >> 3, tag & 7
-        if wire == 0:
-            v = _varint(buf, p)
-            if v is None:
-                raise ProtocolError("a TensorDigest ended inside a field")
-            p = v[1]
-        elif wire == 2:
-            v = _varint(buf, p)
-            if v is None:
-                raise ProtocolError("a TensorDigest ended inside a field")
-            n, p = v
-            if field == 1:
-                name = bytes(buf[p:p + n]).decode("utf-8", "replace")
-            elif field == 2:
-                digest = bytes(buf[p:p + n]).decode("ascii", "replace")
-            p += n
-        elif wire == 1:
-            p += 8
-        elif wire == 5:
-            p += 4
-        else:
-            raise ProtocolError(f"TensorDigest: wire type {wire}")
-        if p > len(buf):
-            raise ProtocolError("a TensorDigest ended inside a field")
-    return name, digest
