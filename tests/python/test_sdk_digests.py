@@ -142,6 +142,24 @@ def test_right_bytes_and_digests_pass():
     v.check()
 
 
+@pytest.mark.parametrize("piece", [1, 2, 3, 7, 63, 64, 65, TOTAL])
+def test_every_cut_of_the_file_gives_the_same_digests_and_bytes(piece):
+    # Pieces of one byte up to the whole file: every tensor edge falls at
+    # the start, the end and the middle of some piece.
+    blob = file_bytes()
+    v = stream._Verifier("h-test", LAYOUT)
+    dests = {n: torch.full((k,), 0xEE, dtype=torch.uint8) for n, _, k in LAYOUT}
+    sink = stream._Sink(LAYOUT, dests, "cpu", 0)
+    view = memoryview(blob)
+    for pos in range(0, TOTAL, piece):
+        v.update(pos, view[pos:pos + piece])
+        sink.write(pos, view[pos:pos + piece])
+    v.add(right_digests(blob))
+    v.check()
+    for n, o, k in LAYOUT:
+        assert bytes(dests[n].numpy()) == blob[o:o + k], n
+
+
 def test_a_tensor_whose_bytes_differ_is_named_with_both_digests():
     blob = file_bytes()
     bad = bytearray(blob)

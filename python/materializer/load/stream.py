@@ -81,6 +81,35 @@ def partition(spec, parts):
     return [sorted(g, key=order.get) for g in groups if g]
 
 
+class _Walk:
+    """A raw file's layout, [(name, start, nbytes)] sorted by start, read
+    with offsets that never go back (a stream, or its resumption): entries
+    that end before an offset are passed for good."""
+
+    def __init__(self, layout):
+        self.entries = sorted(layout, key=lambda e: e[1])
+        self.i = 0
+
+    def first(self, offset):
+        """The index of the first entry that ends after `offset`."""
+        e = self.entries
+        while self.i < len(e) and e[self.i][1] + e[self.i][2] <= offset:
+            self.i += 1
+        return self.i
+
+    def overlaps(self, offset, end):
+        """(index, name, start, lo, hi) for each entry holding file bytes
+        [lo, hi) of [offset, end), in file order."""
+        e = self.entries
+        j = self.first(offset)
+        while j < len(e) and e[j][1] < end:
+            name, start, nbytes = e[j]
+            lo, hi = max(start, offset), min(start + nbytes, end)
+            if hi > lo:
+                yield j, name, start, lo, hi
+            j += 1
+
+
 class _Sink:
     """Copies file byte ranges into destination tensors.
 
@@ -89,7 +118,8 @@ class _Sink:
     dispatch than in bytes."""
 
     def __init__(self, layout, dests, device, staging_bytes):
-        self.layout = sorted(layout, key=lambda e: e[1])
+        self.walk = _Walk(layout)
+        self.layout = self.walk.entries
         self.cuda = torch.device(device).type == "cuda"
         self.flat = {}
         for name, _, nbytes in self.layout:
@@ -105,7 +135,6 @@ class _Sink:
                 self.flat[name] = d.reshape(-1).view(torch.uint8)
             else:
                 self.flat[name] = d.reshape(-1).view(torch.uint8).numpy()
-        self.i = 0
         self.scratch = bytearray(RAW_ALIGN)
         if self.cuda:
             self.stream = torch.cuda.Stream(device=device)
@@ -128,22 +157,13 @@ class _Sink:
                 self.events[slot].synchronize()
             np.copyto(self.ring_np[slot][:n], src)
             staged = self.ring[slot][:n]
-        end = offset + n
-        layout = self.layout
-        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
-            self.i += 1
-        j = self.i
-        while j < len(layout) and layout[j][1] < end:
-            name, start, nbytes = layout[j]
-            lo, hi = max(start, offset), min(start + nbytes, end)
-            if hi > lo:
-                dst = self.flat[name][lo - start:hi - start]
-                if self.cuda:
-                    with torch.cuda.stream(self.stream):
-                        dst.copy_(staged[lo - offset:hi - offset], non_blocking=True)
-                else:
-                    np.copyto(dst, src[lo - offset:hi - offset])
-            j += 1
+        for _, name, start, lo, hi in self.walk.overlaps(offset, offset + n):
+            dst = self.flat[name][lo - start:hi - start]
+            if self.cuda:
+                with torch.cuda.stream(self.stream):
+                    dst.copy_(staged[lo - offset:hi - offset], non_blocking=True)
+            else:
+                np.copyto(dst, src[lo - offset:hi - offset])
         if self.cuda:
             ev = torch.cuda.Event()
             ev.record(self.stream)
@@ -157,10 +177,8 @@ class _Sink:
         out = []
         end = offset + n
         layout = self.layout
-        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
-            self.i += 1
         pos = offset
-        j = self.i
+        j = self.walk.first(offset)
         while pos < end:
             if j < len(layout) and layout[j][1] <= pos:
                 name, start, nbytes = layout[j]
@@ -239,24 +257,15 @@ class _Verifier:
     def __init__(self, handle, layout):
         import xxhash
         self.handle = handle
-        self.layout = sorted(layout, key=lambda e: e[1])
+        self.walk = _Walk(layout)
+        self.layout = self.walk.entries
         self.hashers = [xxhash.xxh3_128() for _ in self.layout]
-        self.i = 0            # the first tensor that may still get bytes
         self.sent = {}        # name -> the stream's digest
 
     def update(self, offset, data):
         """data: a memoryview (or bytes) of file bytes [offset, offset+len)."""
-        end = offset + len(data)
-        layout = self.layout
-        while self.i < len(layout) and layout[self.i][1] + layout[self.i][2] <= offset:
-            self.i += 1
-        j = self.i
-        while j < len(layout) and layout[j][1] < end:
-            _, start, nbytes = layout[j]
-            lo, hi = max(start, offset), min(start + nbytes, end)
-            if hi > lo:
-                self.hashers[j].update(data[lo - offset:hi - offset])
-            j += 1
+        for j, _, _, lo, hi in self.walk.overlaps(offset, offset + len(data)):
+            self.hashers[j].update(data[lo - offset:hi - offset])
 
     def add(self, tensor_digests):
         """The (name, digest) pairs of a chunk. A resumed stream sends them
