@@ -9,23 +9,19 @@ knows FETCH_DIGEST_TENSORS."""
 
 import logging
 import random
-import socket
-import threading
 import types
 
-import hpack
 import pytest
 import torch
 
 import materializer as mz
 from materializer import digest
 from materializer._proto import pb
-from materializer.client import direct
 from materializer.client.client import Chunk, parse_chunk
 from materializer.client.direct import DirectFetch
 from materializer.load import fetch_fields, raw_layout, stream
-from test_sdk_direct import (build, chunk_message, digests_message, fake_server, frame,
-                             http2, receive, request_offset, request_offset_or_none)
+from test_sdk_direct import (broken_response, build, chunk_message, digests_message,
+                             direct_load, fake_server, http2, receive, resuming_server)
 
 # Two tensors with padding after each, a zero-byte tensor, and a last one
 # (the raw format's 64-byte alignment).
@@ -355,46 +351,11 @@ def test_a_direct_stream_broken_among_its_digests_resumes_and_checks_them():
     blob = file_bytes()
     pairs = right_digests(blob)
     data = b"".join(_framed(m) for m in messages_of(blob, []))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(2)
-    offsets = []
-
-    def serve():
-        for attempt in range(2):
-            conn, _ = listener.accept()
-            with conn:
-                conn.settimeout(10)
-                raw = b""
-                while request_offset_or_none(raw) is None:
-                    raw += conn.recv(1 << 16)
-                offsets.append(request_offset(raw))
-                if attempt == 0:
-                    # No trailers: the connection closes after these.
-                    conn.sendall(frame(direct.SETTINGS, 0, 0, b"") + frame(
-                        direct.HEADERS, direct.END_HEADERS, 1,
-                        hpack.Encoder().encode([(":status", "200")]))
-                        + frame(direct.DATA, 0, 1, data + digests_message(TOTAL, pairs[:2])))
-                else:
-                    conn.sendall(http2(digests_message(TOTAL, pairs)))
-                    conn.recv(1 << 16)
-        listener.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
-
-    class Client:
-        retries = 2
-
-        def direct_fetch(self, handle, *, offset=0, **fields):
-            request = pb.FetchRequest(handle=handle, offset=offset).SerializeToString()
-            return DirectFetch(address, request, idle_timeout=10)
-
+    address, offsets = resuming_server(
+        lambda start: broken_response(data + digests_message(TOTAL, pairs[:2])),
+        lambda start: http2(digests_message(TOTAL, pairs)))
     dests = {n: torch.zeros(k, dtype=torch.uint8) for n, _, k in LAYOUT}
-    load = stream._DirectLoad(Client(), "h-test", LAYOUT, TOTAL, {}, dests, "cpu", None,
-                              True, 0, 0)
-    load.start()
-    load.wait()
+    load = direct_load(address, LAYOUT, TOTAL, dests)
     assert offsets == [0, TOTAL]
     assert sorted(load.verifier.sent) == sorted(n for n, _, _ in LAYOUT)
 

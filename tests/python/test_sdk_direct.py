@@ -301,40 +301,45 @@ def request_offset(raw):
     raise AssertionError("no request in what the client sent")
 
 
-def test_a_stream_that_breaks_resumes_from_the_next_byte():
-    """The first connection breaks after 100 of 300 bytes; the load asks
-    again from offset 100 and the tensor holds every byte once."""
-    payload = bytes((7 * i) % 256 for i in range(300))
+def resuming_server(first, second):
+    """A server for two connections of one load. Each reads the client's
+    request; the first is sent first(offset) and closed with no trailers
+    (a broken stream), the second gets second(offset), a whole response.
+    Returns (address, the offsets the two requests asked for)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(2)
     offsets = []
 
     def serve():
-        for attempt in range(2):
+        for answer in (first, second):
             conn, _ = listener.accept()
             with conn:
                 conn.settimeout(10)
                 raw = b""
                 while request_offset_or_none(raw) is None:
                     raw += conn.recv(1 << 16)
-                start = request_offset(raw)
-                offsets.append(start)
-                if attempt == 0:
-                    m = chunk_message(0, payload[:100], 300)
-                    conn.sendall(frame(direct.SETTINGS, 0, 0, b"") + frame(
-                        direct.HEADERS, direct.END_HEADERS, 1,
-                        hpack.Encoder().encode([(":status", "200")]))
-                        + frame(direct.DATA, 0, 1, m))
-                else:
-                    conn.sendall(http2(chunk_message(start, payload[start:], 300),
-                                       digests_message(300, [("t", digest.of_bytes(payload))])))
+                offsets.append(request_offset(raw))
+                conn.sendall(answer(offsets[-1]))
+                if answer is second:
                     conn.recv(1 << 16)
         listener.close()
-
     threading.Thread(target=serve, daemon=True).start()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    return f"127.0.0.1:{listener.getsockname()[1]}", offsets
 
+
+def broken_response(messages):
+    """A response that starts (status 200) and sends `messages`, with no
+    trailers: the connection closes after them."""
+    return (frame(direct.SETTINGS, 0, 0, b"")
+            + frame(direct.HEADERS, direct.END_HEADERS, 1,
+                    hpack.Encoder().encode([(":status", "200")]))
+            + frame(direct.DATA, 0, 1, messages))
+
+
+def direct_load(address, layout, total, dests):
+    """Runs a verifying _DirectLoad of `layout` from `address` to the end
+    (two tries), and returns it."""
     class FakeClient:
         retries = 2
 
@@ -342,11 +347,23 @@ def test_a_stream_that_breaks_resumes_from_the_next_byte():
             request = pb.FetchRequest(handle=handle, offset=offset).SerializeToString()
             return DirectFetch(address, request, idle_timeout=10)
 
-    dest = torch.zeros(300, dtype=torch.uint8)
-    load = stream._DirectLoad(FakeClient(), "h-test", [("t", 0, 300)], 300, {}, {"t": dest},
-                              "cpu", None, True, 0, 0)
+    load = stream._DirectLoad(FakeClient(), "h-test", layout, total, {}, dests, "cpu", None,
+                              True, 0, 0)
     load.start()
     load.wait()
+    return load
+
+
+def test_a_stream_that_breaks_resumes_from_the_next_byte():
+    """The first connection breaks after 100 of 300 bytes; the load asks
+    again from offset 100 and the tensor holds every byte once."""
+    payload = bytes((7 * i) % 256 for i in range(300))
+    address, offsets = resuming_server(
+        lambda start: broken_response(chunk_message(0, payload[:100], 300)),
+        lambda start: http2(chunk_message(start, payload[start:], 300),
+                            digests_message(300, [("t", digest.of_bytes(payload))])))
+    dest = torch.zeros(300, dtype=torch.uint8)
+    load = direct_load(address, [("t", 0, 300)], 300, {"t": dest})
     assert offsets == [0, 100]
     assert load.received == 300
     assert bytes(dest.numpy()) == payload
