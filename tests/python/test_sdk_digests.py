@@ -29,6 +29,13 @@ LAYOUT = [("a", 0, 12), ("b", 64, 20), ("empty", 128, 0), ("c", 128, 70)]
 TOTAL = 198
 
 
+@pytest.fixture(autouse=True)
+def _no_handle_logged_yet(monkeypatch):
+    """Every test starts as a new process would: no handle was logged as
+    not verified (the loader logs that once per handle)."""
+    monkeypatch.setattr(stream, "_unverified_handle", None, raising=False)
+
+
 def file_bytes(seed=0):
     rnd = random.Random(seed)
     return bytes(rnd.randrange(256) for _ in range(TOTAL))
@@ -154,6 +161,17 @@ def test_every_cut_of_the_file_gives_the_same_digests_and_bytes(piece):
     v.check()
     for n, o, k in LAYOUT:
         assert bytes(dests[n].numpy()) == blob[o:o + k], n
+
+
+def test_an_older_server_is_logged_once_per_handle_not_per_stream(caplog):
+    # A load over three parallel streams checks three verifiers, one after
+    # another; a trainer reading the log wants one line for the handle.
+    with caplog.at_level(logging.WARNING, logger="materializer"):
+        for handle in ("h-1", "h-1", "h-1", "h-2"):
+            stream._Verifier(handle, LAYOUT).check(file_digest=digest.of_bytes(b"x"))
+    lines = [r.getMessage() for r in caplog.records if "not verified" in r.getMessage()]
+    assert len(lines) == 2
+    assert "h-1" in lines[0] and "h-2" in lines[1]
 
 
 def test_a_tensor_whose_bytes_differ_is_named_with_both_digests():

@@ -248,6 +248,11 @@ def _check_complete(load):
         load.verifier.check(load.digest)
 
 
+# The last handle whose load was logged as not verified: the parallel
+# streams of one load check one after another on the loading thread.
+_unverified_handle = None
+
+
 class _Verifier:
     """Hashes the tensors of a raw file with `layout` as its bytes arrive
     (in file order, in pieces of any size; one XXH3-128 per tensor, the
@@ -281,8 +286,13 @@ class _Verifier:
         its digest, that got no digest, or a digest naming no tensor of the
         layout. A stream that carried a file digest and no tensor digests
         came from a server that does not know FETCH_DIGEST_TENSORS: nothing
-        was checked, which is logged, not raised."""
+        was checked, which is logged, not raised (once per handle, not once
+        per parallel stream)."""
+        global _unverified_handle
         if not self.sent and file_digest:
+            if self.handle == _unverified_handle:
+                return
+            _unverified_handle = self.handle
             log.warning("materializer: handle %s: the server sent a file digest, not the "
                         "tensors' digests (an older server); the received bytes were not "
                         "verified", self.handle)
