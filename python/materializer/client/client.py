@@ -54,45 +54,23 @@ def parse_chunk(raw):
     not a WeightChunk.
     """
     mv = memoryview(raw)
-    pos, end = 0, len(raw)
     offset = total = 0
     data = mv[0:0]
     digest = ""
     tensor_digests = []
-    while pos < end:
-        key = wire.varint(mv, pos)
-        if key is None:
-            raise wire.WireError("a WeightChunk ended inside a field")
-        tag, pos = key
-        field, kind = tag >> 3, tag & 7
-        if kind == 2:
-            v = wire.varint(mv, pos)
-            if v is None or v[1] + v[0] > end:
-                raise wire.WireError("a WeightChunk ended inside a field")
-            n, pos = v
-            if field == 2:
-                data = mv[pos:pos + n]
-            elif field == 4:
-                digest = bytes(mv[pos:pos + n]).decode("ascii", "replace")
-            elif field == 5:
-                tensor_digests.append(wire.tensor_digest(mv[pos:pos + n]))
-            pos += n
-        elif kind == 0:
-            v = wire.varint(mv, pos)
-            if v is None:
-                raise wire.WireError("a WeightChunk ended inside a field")
-            value, pos = v
+    for field, kind, value in wire.fields(mv, "WeightChunk"):
+        if kind == 0:
             if field == 1:
                 offset = value
             elif field == 3:
                 total = value
-        else:
-            try:
-                pos = wire.skip(mv, pos, kind)
-            except wire.WireError as e:
-                raise wire.WireError(f"WeightChunk: {e}") from None
-            if pos is None:
-                raise wire.WireError("a WeightChunk ended inside a field")
+        elif kind == 2:
+            if field == 2:
+                data = value
+            elif field == 4:
+                digest = bytes(value).decode("ascii", "replace")
+            elif field == 5:
+                tensor_digests.append(wire.tensor_digest(value))
     return Chunk(offset, data, total, digest, tensor_digests)
 
 

@@ -25,44 +25,47 @@ def varint(buf, pos):
     return None
 
 
-def skip(buf, pos, wire):
-    """The position after a field of wire type `wire` (not 2) whose value
-    starts at buf[pos], or None when buf ends inside it."""
-    if wire == 0:
-        v = varint(buf, pos)
-        return None if v is None else v[1]
-    width = {1: 8, 5: 4}.get(wire)
-    if width is None:
-        raise WireError(f"wire type {wire}")
-    return pos + width if pos + width <= len(buf) else None
+def fields(buf, message):
+    """(field number, wire type, value) of each field of the complete
+    serialized `message` (its name, for errors) in buf: value is an int
+    for a varint, a slice of buf for a length-delimited field, None for
+    the fixed 32- and 64-bit types (skipped)."""
+    cut = f"a {message} ended inside a field"
+    pos, end = 0, len(buf)
+    while pos < end:
+        key = varint(buf, pos)
+        if key is None:
+            raise WireError(cut)
+        tag, pos = key
+        field, kind = tag >> 3, tag & 7
+        if kind == 0:
+            v = varint(buf, pos)
+            if v is None:
+                raise WireError(cut)
+            value, pos = v
+        elif kind == 2:
+            v = varint(buf, pos)
+            if v is None or v[1] + v[0] > end:
+                raise WireError(cut)
+            n, pos = v
+            value, pos = buf[pos:pos + n], pos + n
+        elif kind in (1, 5):
+            pos += 8 if kind == 1 else 4
+            if pos > end:
+                raise WireError(cut)
+            value = None
+        else:
+            raise WireError(f"{message}: wire type {kind}")
+        yield field, kind, value
 
 
 def tensor_digest(buf):
     """The (name, digest) of a serialized TensorDigest (fields: 1 name,
     2 digest)."""
     name = digest = ""
-    p = 0
-    while p < len(buf):
-        key = varint(buf, p)
-        if key is None:
-            raise WireError("a TensorDigest ended inside a field")
-        tag, p = key
-        field, wire = tag >> 3, tag & 7
-        if wire == 2:
-            v = varint(buf, p)
-            if v is None or v[1] + v[0] > len(buf):
-                raise WireError("a TensorDigest ended inside a field")
-            n, p = v
-            if field == 1:
-                name = bytes(buf[p:p + n]).decode("utf-8", "replace")
-            elif field == 2:
-                digest = bytes(buf[p:p + n]).decode("ascii", "replace")
-            p += n
-        else:
-            try:
-                p = skip(buf, p, wire)
-            except WireError as e:
-                raise WireError(f"TensorDigest: {e}") from None
-            if p is None:
-                raise WireError("a TensorDigest ended inside a field")
+    for field, kind, value in fields(buf, "TensorDigest"):
+        if kind == 2 and field == 1:
+            name = bytes(value).decode("utf-8", "replace")
+        elif kind == 2 and field == 2:
+            digest = bytes(value).decode("ascii", "replace")
     return name, digest
