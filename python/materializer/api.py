@@ -8,6 +8,7 @@ then releases the handle.
 import ipaddress
 import logging
 import sys
+import threading
 import time
 
 import torch
@@ -25,6 +26,12 @@ TRANSPORTS = ("auto", "stream", "shm", "ipc")
 PROGRESS_BYTES = 256 << 20
 # Parallel fetch streams of the stream transport (bench/sdk.py measures it).
 STREAMS = 1
+# The stream transport materializes a larger model in parts of about this
+# many bytes, the next part while the last one streams (docs/python.md,
+# "Parts"); bench/sdk.py measures it.
+PART_BYTES = 512 << 20
+# ListHandles' label limit (MaterializeRequest.label).
+LABEL_BYTES = 256
 
 
 def describe(model, **kwargs):
@@ -39,10 +46,13 @@ def describe(model, **kwargs):
 
 class Materialized:
     """What materialize() did. `handle`: the server's handle (released
-    unless keep_handle); `transport`: "stream", "shm" or "ipc"; `bytes`:
-    tensor bytes delivered; `seconds`: per phase (describe, materialize,
-    load, total); `spec`; `client` (keep it open while you keep a handle:
-    the handle lives in its session)."""
+    unless keep_handle; None when the model came in several parts);
+    `parts`: how many handles the model was materialized in (one per part,
+    each released once loaded); `transport`: "stream", "shm" or "ipc";
+    `bytes`: tensor bytes delivered; `seconds`: per phase (describe,
+    materialize: until the first part was ready, load: the rest, total);
+    `spec`; `client` (keep it open while you keep a handle: the handle
+    lives in its session)."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -105,7 +115,7 @@ def _progress(enabled, total, desc):
 def materialize(model, server=None, *, client=None, device="cpu", seed=0,
                 rng="portable", spec=None, transport="auto", placement=None,
                 keep_handle=False, progress=None, verify=True, streams=STREAMS,
-                label="", **describe_kwargs):
+                part_bytes=PART_BYTES, label="", **describe_kwargs):
     """Initializes every meta tensor of `model` in place, through the
     server, and returns a Materialized.
 
@@ -124,6 +134,12 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
       of that tensor.
     streams: parallel fetch streams (each on its own connection) for the
       stream transport.
+    part_bytes: the stream transport (without keep_handle) materializes a
+      model larger than this in parts of about this many bytes, one handle
+      each, the next part on the server while the last one streams: the
+      server holds at most two parts at once, and its init overlaps the
+      transfer. The bytes are those of the whole model materialized at
+      once. 0: one handle for the whole model.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
@@ -146,28 +162,39 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
         if mode == "stream" and device.type == "cpu" and not targets.managed:
             early = targets.new_tensors(device)
             resident = MakeResident(list(early.values())).start()
+        parts = [spec]
+        if mode == "stream" and part_bytes and not keep_handle:
+            parts = spec.split(part_bytes)
         try:
-            resp = client.materialize(spec.to_proto(), where, label=label,
-                                      exportable=(mode == "shm"), replica=replica)
-            t_mat = time.perf_counter()
-            try:
-                mode = _load(client, resp.handle, spec, targets, device, mode, transport,
-                             progress, verify, streams, dests=early)
-            except BaseException:
-                _release(client, resp.handle, force=True)
-                raise
+            if len(parts) > 1:
+                handle = None
+                server_device, t_mat = _stream_parts(client, parts, where, targets, device,
+                                                     label, progress, verify, streams,
+                                                     dests=early)
+            else:
+                resp = client.materialize(spec.to_proto(), where, label=label,
+                                          exportable=(mode == "shm"), replica=replica)
+                handle, server_device = resp.handle, resp.device
+                t_mat = time.perf_counter()
+                try:
+                    mode = _load(client, handle, spec, targets, device, mode, transport,
+                                 progress, verify, streams, dests=early)
+                except BaseException:
+                    _release(client, handle, force=True)
+                    raise
         finally:
             if resident is not None:
                 resident.stop()
         t_load = time.perf_counter()
-        if not keep_handle:
-            _release(client, resp.handle, force=(mode == "shm"))
+        if handle is not None and not keep_handle:
+            _release(client, handle, force=(mode == "shm"))
         missing = check_loaded(model)
         if missing:
             raise LoadError("still on the meta device after loading: " + ", ".join(missing[:10]))
-        return Materialized(handle=resp.handle, transport=mode, bytes=spec.nbytes,
-                            spec=spec, client=None if (own_client and not keep_handle) else client,
-                            device=resp.device,
+        return Materialized(handle=handle, parts=len(parts), transport=mode,
+                            bytes=spec.nbytes, spec=spec,
+                            client=None if (own_client and not keep_handle) else client,
+                            device=server_device,
                             seconds={"describe": t_describe - t0,
                                      "materialize": t_mat - t_describe,
                                      "load": t_load - t_mat,
@@ -245,6 +272,86 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
     if not targets.managed:
         targets.install(dests)
     return "stream"
+
+
+def _stream_parts(client, parts, where, targets, device, label, progress, verify, streams,
+                  dests=None):
+    """The stream transport for a model in parts (Spec.split): while part k
+    streams into the destinations, part k + 1 is materialized on a thread,
+    and each part's handle is released as soon as its bytes are in. So the
+    server holds at most two parts, and its init overlaps the transfer
+    instead of preceding it. Returns (the server device of the first part,
+    the time it was ready). On any failure (a Ctrl-C included) every part
+    still held is released before the error propagates, and the module
+    stays on the meta device."""
+    if dests is None:
+        dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
+    bar = _progress(progress, sum(p.nbytes for p in parts), "materializer")
+    following = _MaterializePart(client, parts, 0, where, label)
+    current = server_device = first_ready = None
+    try:
+        for k, part in enumerate(parts):
+            resp = following.result()
+            following, current = None, resp.handle
+            if first_ready is None:
+                server_device, first_ready = resp.device, time.perf_counter()
+            if k + 1 < len(parts):
+                following = _MaterializePart(client, parts, k + 1, where, label)
+            load_stream(client, current, part, dests, device=device, progress=bar,
+                        verify=verify, streams=streams)
+            done, current = current, None
+            _release(client, done, force=False)
+    except BaseException:
+        if current is not None:
+            _release(client, current, force=True)
+        if following is not None:
+            following.release()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if not targets.managed:
+        targets.install(dests)
+    return server_device, first_ready
+
+
+class _MaterializePart:
+    """Materialize of parts[index] on a daemon thread, so that a Ctrl-C
+    lands in the caller waiting for it, never inside gRPC."""
+
+    def __init__(self, client, parts, index, where, label):
+        self._client = client
+        suffix = f" [part {index + 1}/{len(parts)}]"
+        if len((label + suffix).encode()) <= LABEL_BYTES:
+            label = (label + suffix).lstrip()
+        self._args = (parts[index].to_proto(), where)
+        self._label = label
+        self._resp = self._error = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="materializer-part").start()
+
+    def _run(self):
+        try:
+            self._resp = self._client.materialize(*self._args, label=self._label)
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._error = e
+        finally:
+            self._done.set()
+
+    def result(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._resp
+
+    def release(self):
+        """Waits for the call and releases what it made (a failed call made
+        nothing)."""
+        try:
+            resp = self.result()
+        except BaseException:  # noqa: BLE001 - nothing was made
+            return
+        _release(self._client, resp.handle, force=True)
 
 
 def _release(client, handle, force):

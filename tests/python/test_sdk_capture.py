@@ -350,3 +350,34 @@ def test_spec_proto_and_json_round_trip(tmp_path):
     back = Spec.load(path)
     assert back.seed == 42 and back.rng == "torch"
     assert back.to_proto() == msg
+
+
+# -- Spec.split: the parts the stream transport materializes one by one -----------
+
+def test_split_keeps_order_ties_and_modules_with_their_tensors():
+    from materializer.capture import TensorDesc
+    f32 = torch.float32
+    z = [mz.capture.Step(mz.init.zeros(), None)]
+    spec = Spec([TensorDesc("emb.weight", [64, 16], f32, steps=z),            # 4096 B
+                 TensorDesc("a.weight", [8, 16], f32, steps=z),               # 512 B
+                 TensorDesc("b.weight", [8, 16], f32, steps=z),               # 512 B
+                 TensorDesc("tok.weight", [32, 16], f32, steps=z),            # 2048 B
+                 TensorDesc("head.weight", [64, 16], f32, tie_to="emb.weight"),
+                 TensorDesc("out.weight", [64, 16], f32, tie_to="head.weight"),  # a chain
+                 TensorDesc("c.bias", [8], f32, steps=z)],                    # 32 B
+                seed=7, rng="torch", modules=[("tok", "Embedding", 3), ("emb", "Embedding", 1)])
+    parts = spec.split(1024)
+    assert [[t.name for t in p] for p in parts] == [
+        ["emb.weight", "head.weight", "out.weight"],      # larger than the limit: alone
+        ["a.weight", "b.weight"],
+        ["tok.weight"],
+        ["c.bias"]]
+    assert [p.modules for p in parts] == [[("emb", "Embedding", 1)], [],
+                                          [("tok", "Embedding", 3)], []]
+    assert all((p.seed, p.rng) == (7, "torch") for p in parts)
+    assert sum(p.nbytes for p in parts) == spec.nbytes
+    assert [t.name for p in parts for t in p] != [t.name for t in spec]   # ties moved up
+    assert sorted(t.name for p in parts for t in p) == sorted(t.name for t in spec)
+    assert spec.split(spec.nbytes) == [spec]
+    with pytest.raises(ValueError, match="max_bytes must be positive"):
+        spec.split(0)

@@ -222,7 +222,8 @@ TRAINER = textwrap.dedent("""
     def held(method):
         def first_chunk_waits(self, offset, *rest):
             if offset == 0:
-                print("loading", flush=True)
+                print("loading", len(spec.split(part_bytes)) if part_bytes else 1,
+                      flush=True)
                 # The first chunk waits here until the test's signal ends
                 # the process (30 s at most), so the signal always lands
                 # mid-load however slow the machine is.
@@ -233,13 +234,17 @@ TRAINER = textwrap.dedent("""
     stream._Sink.views = held(stream._Sink.views)   # received directly
     with torch.device("meta"):
         model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(24)])
-    mz.materialize(model, server=sys.argv[1], transport="stream")
+    part_bytes = int(sys.argv[2])
+    spec = mz.describe(model)
+    mz.materialize(model, server=sys.argv[1], transport="stream", spec=spec,
+                   part_bytes=part_bytes)
     print("done", flush=True)
 """)
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
-def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
+@pytest.mark.parametrize("parts", [1, 8])
+def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, parts, tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
     env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
@@ -248,10 +253,17 @@ def test_ctrl_c_or_a_crash_mid_load_leaves_nothing_held(srv, how, tmp_path):
     # call unsafe with threads; here it now and then left the trainer's
     # gRPC broken ("epoll_wait error: Bad file descriptor") so that it died
     # before loading. The trainer restores Ctrl-C handling itself.
-    proc = subprocess.Popen([sys.executable, str(script), srv.address], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "loading"
-    assert srv.stats().handles == 1
+    # 24 layers of 4 MiB + 4 KiB: in 8 parts of 3 layers, or in one.
+    part_bytes = (13 << 20) if parts > 1 else 0
+    proc = subprocess.Popen([sys.executable, str(script), srv.address, str(part_bytes)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == f"loading {parts}"
+    # In parts, the signal lands once the second part is on the server too.
+    deadline = time.monotonic() + 30
+    while srv.stats().handles < min(parts, 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert srv.stats().handles == min(parts, 2)
     proc.send_signal(how)
     try:
         out, err = proc.communicate(timeout=120)
@@ -287,4 +299,117 @@ def test_portable_init_steps_equal_the_numpy_reference(srv):
                                       {"mean": 0.0, "std": 1.0}, 21, "tok.weight")
     want[3] = 0
     assert matutil.same_bits(model.tok.weight.detach(), want)
+    srv.assert_idle()
+
+
+# -- a model in parts (Spec.split): part k + 1 materializes while part k streams ---
+
+def state(model):
+    out = dict(model.named_parameters(remove_duplicate=False))
+    out.update(model.named_buffers(remove_duplicate=False))
+    return {k: v.detach() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("rng", ["torch", "portable"])
+def test_parts_give_the_bytes_of_the_whole_model(srv, rng):
+    with mz.meta_device():
+        whole, parted = PaddedModel(), PaddedModel()
+    one = mz.materialize(whole, server=srv.address, seed=3, rng=rng, transport="stream",
+                         part_bytes=0)
+    r = mz.materialize(parted, server=srv.address, seed=3, rng=rng, transport="stream",
+                       part_bytes=4096)
+    assert (one.parts, r.parts) == (1, len(r.spec.split(4096))) and r.parts >= 5
+    assert r.handle is None and r.transport == "stream" and r.device == "cpu"
+    a, b = state(whole), state(parted)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert matutil.same_bits(a[name], b[name]), name
+    check_loaded(parted, r.spec, PaddedModel, bitwise=(rng == "torch"))
+    srv.assert_idle()
+
+
+def test_the_next_part_materializes_while_one_streams_and_at_most_two_are_held(
+        srv, monkeypatch):
+    from materializer import api
+    real, held = api.load_stream, []
+
+    def load_stream(client, handle, part, *args, **kwargs):
+        # Waits (10 s at most) until the next part is on the server too,
+        # unless this is the last one.
+        deadline = time.monotonic() + 10
+        while (len(held) < parts - 1 and len(client.list_handles()) < 2
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        held.append(sorted(h.handle for h in client.list_handles()))
+        return real(client, handle, part, *args, **kwargs)
+
+    monkeypatch.setattr(api, "load_stream", load_stream)
+    with mz.meta_device():
+        model = PaddedModel()
+    parts = len(mz.describe(model, seed=4, rng="torch").split(4096))
+    with mz.Client(srv.address) as client:
+        r = mz.materialize(model, client=client, seed=4, rng="torch", part_bytes=4096,
+                           transport="stream")
+        assert client.list_handles() == []
+    assert len(held) == r.parts >= 5
+    assert [len(h) for h in held] == [2] * (r.parts - 1) + [1]
+    # Each part's handle goes once its bytes are in: the one streaming next
+    # is the one materialized while the last one streamed.
+    for before, after in zip(held, held[1:]):
+        assert len(set(before) & set(after)) == 1
+    check_loaded(model, r.spec, PaddedModel)
+    srv.assert_idle()
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_load_failing_mid_model_releases_every_part(srv, monkeypatch, error):
+    from materializer import api
+    real, calls = api.load_stream, []
+
+    def load_stream(client, handle, *args, **kwargs):
+        calls.append(handle)
+        if len(calls) == 3:
+            deadline = time.monotonic() + 10   # the fourth part is on the server too
+            while len(client.list_handles()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(client.list_handles()) == 2
+            raise error("the trainer gave up")
+        return real(client, handle, *args, **kwargs)
+
+    monkeypatch.setattr(api, "load_stream", load_stream)
+    with mz.meta_device():
+        model = PaddedModel()
+    with mz.Client(srv.address) as client:
+        with pytest.raises(error, match="gave up"):
+            mz.materialize(model, client=client, seed=4, part_bytes=4096, transport="stream")
+        assert client.list_handles() == []
+    assert len(calls) == 3
+    assert all(t.is_meta for t in state(model).values())
+    srv.assert_idle()
+
+
+def test_a_part_the_server_refuses_names_the_tensor_and_nothing_stays_held(srv):
+    class Three(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Parameter(torch.empty(16, 16))
+            self.b = nn.Parameter(torch.empty(16, 16))
+            self.c = nn.Parameter(torch.empty(4, 4))
+
+    with torch.device("meta"):
+        model = Three()
+    zeros = [Step(mz.init.zeros(), None)]
+    spec = Spec([TensorDesc("a", [16, 16], torch.float32, steps=zeros),
+                 TensorDesc("b", [16, 16], torch.float32, steps=zeros),
+                 TensorDesc("c", [4, 4], torch.float32,
+                            steps=[Step(mz.init.values(torch.zeros(15)), None)])])
+    assert len(spec.split(1024)) == 3
+    with mz.Client(srv.address) as client:
+        with pytest.raises(mz.RpcError) as e:
+            mz.materialize(model, client=client, spec=spec, part_bytes=1024,
+                           transport="stream")
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert '("c")' in e.value.message and "values.data has 60 bytes" in e.value.message
+        assert client.list_handles() == []
+    assert all(t.is_meta for t in state(model).values())
     srv.assert_idle()

@@ -134,6 +134,43 @@ class Spec:
         """Bytes of this process's tensors, each storage once."""
         return sum(t.nbytes for t in self.roots)
 
+    def split(self, max_bytes):
+        """This spec as consecutive parts (Specs) of at most `max_bytes` of
+        tensor bytes each, in the spec's order; a tensor larger than that
+        makes a part of its own. A tie goes with its root, a module (the
+        constructor facts of an embedding) with its tensors. Every tensor's
+        values depend only on (seed, rng, its name and init), never on the
+        other tensors of the request (docs/init.md), so materializing the
+        parts one by one gives the bytes of the whole."""
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, not {max_bytes}")
+        part_of, sizes = {}, []
+        for t in self.roots:
+            if not sizes or (sizes[-1] and sizes[-1] + t.nbytes > max_bytes):
+                sizes.append(0)
+            part_of[t.name] = len(sizes) - 1
+            sizes[-1] += t.nbytes
+        if len(sizes) <= 1:
+            return [self]
+        members = [[] for _ in sizes]
+        for t in self.tensors:
+            # A tie to nothing (or a cycle) stays in the first part, where
+            # the server names it.
+            members[part_of.get(self._root(t).name, 0)].append(t)
+        parts = []
+        for tensors in members:
+            owners = {t.name.rpartition(".")[0] for t in tensors}
+            parts.append(Spec(tensors, seed=self.seed, rng=self.rng,
+                              modules=[m for m in self.modules if m[0] in owners]))
+        return parts
+
+    def _root(self, t):
+        seen = set()
+        while t.tie_to and t.tie_to in self._by_name and t.name not in seen:
+            seen.add(t.name)
+            t = self._by_name[t.tie_to]
+        return t
+
     def by_dtype(self):
         out = collections.OrderedDict()
         for t in sorted(self.roots, key=lambda t: dtype_name(t.dtype)):
