@@ -15,9 +15,14 @@ device before the clock starts, one run alternates N timed repetitions
   stream       materializer.materialize(model, transport="stream"): the same
                with the weights streamed into the module's tensors (raw
                format, received straight into place by client/direct.py,
-               XXH3 checked);
-  stream x2    the same over two parallel streams (two connections);
-  stream grpcio  the stream path received through grpcio's messages
+               XXH3 checked); a model larger than the SDK's part_bytes
+               (512 MiB: llama-1b) in parts, the next part materialized
+               while the last one streams (docs/python.md, "Parts");
+  stream, one handle  (models of several parts) the same with
+               part_bytes=0: one Materialize of the whole model, then one
+               stream, as before parts;
+  stream x2    one handle over two parallel streams (two connections);
+  stream grpcio  one handle received through grpcio's messages
                (Client(direct_fetch=False)) instead of straight into the
                tensors (client/direct.py);
   new user     (GPT-2 only) what a trainer without the SDK does: Materialize a
@@ -102,11 +107,14 @@ def in_process(model):
     return time.perf_counter() - t0, {}
 
 
-def service(model, client, transport, rng, seed, streams=1):
+def service(model, client, transport, rng, seed, streams=1, part_bytes=None):
     import materializer
+    if part_bytes is None:
+        part_bytes = materializer.api.PART_BYTES
     t0 = time.perf_counter()
     r = materializer.materialize(model, client=client, transport=transport, rng=rng,
-                                 seed=seed, progress=False, streams=streams)
+                                 seed=seed, progress=False, streams=streams,
+                                 part_bytes=part_bytes)
     wall = time.perf_counter() - t0
     assert r.transport == transport, r.transport
     return wall, dict(r.seconds)
@@ -231,12 +239,14 @@ def main():
     try:
         for name in models:
             rng = args.rng
-            paths = ["in-process", "shm", "stream", "stream x2", "stream grpcio"] + (
-                ["new user"] if name in args.new_user.split(",") else [])
+            nbytes = materializer.describe(build(name), rng=rng).nbytes
+            parted = nbytes > materializer.api.PART_BYTES
+            paths = (["in-process", "shm", "stream"] + (["stream, one handle"] if parted else [])
+                     + ["stream x2", "stream grpcio"]
+                     + (["new user"] if name in args.new_user.split(",") else []))
             times = {p: [] for p in paths}
             phases = {p: [] for p in paths}
             peaks = {p: [] for p in paths}
-            nbytes = None
             tcp = []
             grpc_only = []   # bytes/s
             for i in range(args.warmup + args.reps):
@@ -250,8 +260,6 @@ def main():
                 random.Random(i).shuffle(order)
                 for p in order:
                     model = build(name)
-                    if nbytes is None:
-                        nbytes = materializer.describe(model, rng=rng).nbytes
                     gc.collect()
                     base = rss_peak_reset()
                     if p == "in-process":
@@ -259,9 +267,12 @@ def main():
                     elif p == "new user":
                         wall, ph = new_user(model, client, rng, 0)
                     elif p == "stream grpcio":
-                        wall, ph = service(model, grpcio_client, "stream", rng, 0)
+                        wall, ph = service(model, grpcio_client, "stream", rng, 0, part_bytes=0)
                     elif p == "stream x2":
-                        wall, ph = service(model, client, "stream", rng, 0, streams=2)
+                        wall, ph = service(model, client, "stream", rng, 0, streams=2,
+                                           part_bytes=0)
+                    elif p == "stream, one handle":
+                        wall, ph = service(model, client, "stream", rng, 0, part_bytes=0)
                     else:
                         wall, ph = service(model, client, p, rng, 0)
                     peak = _status("VmHWM") - base
@@ -333,8 +344,9 @@ def tables(results, reps):
                        f"| {spread(ts)} | **{med(ts) / base:.2f}** | {parts} "
                        f"| {med(r['peaks'][p]) / 1e9:.2f} GB |")
     out.append("")
-    out.append("Stream throughput: the tensor bytes over the stream path's load phase "
-               "(fetch into the module, XXH3 check), next to a raw TCP stream of "
+    out.append("Stream throughput: the tensor bytes over the load phase of a stream "
+               "path with one handle (fetch into the module, XXH3 check; in parts, the "
+               "load phase also waits for the server's init of the later parts), next to a raw TCP stream of "
                "the same bytes over loopback into a preallocated buffer (sendall / "
                "recv_into) and to grpcio receiving the same FetchWeights stream and "
                "dropping each chunk (no copy, no hash: the ceiling of a grpcio client), "
@@ -346,7 +358,8 @@ def tables(results, reps):
     for r in results:
         tcp = med(r["tcp"])
         grpc_rate = med(r["grpc"])
-        for p in ("stream", "stream x2", "stream grpcio"):
+        one = "stream, one handle" if "stream, one handle" in r["times"] else "stream"
+        for p in (one, "stream x2", "stream grpcio"):
             load = med([x["load"] for x in r["phases"][p]])
             rate = r["bytes"] / load
             out.append(f"| {r['model']} | {p} | {rate / 1e9:.2f} GB/s "
