@@ -54,13 +54,16 @@ def main():
                 module.register_parameter(
                     name, nn.Parameter(distribute_tensor(p, mesh, [placement])))
     # Both deliveries: FSDP2 through shared memory, the other through the stream.
+    # The stream in parts of at most 16 bytes (each shard but the smallest
+    # and the empty ones a part of its own): the bytes must not depend on it.
     result = mz.materialize(model, server=address, seed=77,
-                            transport="shm" if mode == "fsdp" else "stream")
+                            transport="shm" if mode == "fsdp" else "stream", part_bytes=16)
     saved = {}
     for name, p in model.named_parameters():
         box = result.spec[name].shard
         saved[name] = (box, p._local_tensor.detach().clone(), str(p.placements))
     saved["__transport__"] = result.transport
+    saved["__parts__"] = result.parts
     if mode == "fsdp":
         with torch.no_grad():   # FSDP2 all-gathers the shards this rank loaded
             saved["__output__"] = model(torch.tensor([[1, 3, 5, 10]])).detach().clone()

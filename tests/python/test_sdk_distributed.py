@@ -54,6 +54,8 @@ def test_each_rank_materializes_its_shards(server, tmp_path, world, mode):
         for saved in ranks:     # the forward pass through FSDP2 sees these weights
             assert torch.allclose(saved["__output__"], out), (saved["__output__"], out)
     assert {saved["__transport__"] for saved in ranks} == {"shm" if mode == "fsdp" else "stream"}
+    if mode != "fsdp":
+        assert min(saved["__parts__"] for saved in ranks) >= 4
     for name, want in full.items():
         covered = torch.zeros(want.shape, dtype=torch.int32)
         for r, saved in enumerate(ranks):
