@@ -282,8 +282,9 @@ def _stream_parts(client, parts, where, targets, device, label, progress, verify
     server holds at most two parts, and its init overlaps the transfer
     instead of preceding it. Returns (the server device of the first part,
     the time it was ready). On any failure (a Ctrl-C included) every part
-    still held is released before the error propagates, and the module
-    stays on the meta device."""
+    still held is released before the error propagates; the module's
+    tensors are installed only after the last part, as with one handle
+    (managed targets, FSDP2's own, are written in place)."""
     if dests is None:
         dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
     bar = _progress(progress, sum(p.nbytes for p in parts), "materializer")
