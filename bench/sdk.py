@@ -346,8 +346,8 @@ def tables(results, reps):
     out.append("")
     out.append("Stream throughput: the tensor bytes over the load phase of a stream "
                "path with one handle (fetch into the module, XXH3 check; in parts, the "
-               "load phase also waits for the server's init of the later parts), next to a raw TCP stream of "
-               "the same bytes over loopback into a preallocated buffer (sendall / "
+               "load phase also waits for the server's init of the later parts), next "
+               "to a raw TCP stream of the same bytes over loopback into a preallocated buffer (sendall / "
                "recv_into) and to grpcio receiving the same FetchWeights stream and "
                "dropping each chunk (no copy, no hash: the ceiling of a grpcio client), "
                "both measured in every repetition next to the paths above; medians.")

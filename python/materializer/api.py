@@ -261,7 +261,7 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
     # The tensors go into the module only once every byte arrived: a failed
     # load leaves it on the meta device (FSDP2 allocates its own, in place).
     if dests is None:
-        dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
+        dests = _destinations(targets, device)
     bar = _progress(progress, spec.nbytes, "materializer")
     try:
         load_stream(client, handle, spec, dests, device=device, progress=bar, verify=verify,
@@ -286,9 +286,9 @@ def _stream_parts(client, parts, where, targets, device, label, progress, verify
     tensors are installed only after the last part, as with one handle
     (managed targets, FSDP2's own, are written in place)."""
     if dests is None:
-        dests = targets.allocate(device) if targets.managed else targets.new_tensors(device)
+        dests = _destinations(targets, device)
     bar = _progress(progress, sum(p.nbytes for p in parts), "materializer")
-    following = _MaterializePart(client, parts, 0, where, label)
+    following = _MaterializePart(client, parts[0], where, _part_label(label, 0, len(parts)))
     current = server_device = first_ready = None
     try:
         for k, part in enumerate(parts):
@@ -297,7 +297,8 @@ def _stream_parts(client, parts, where, targets, device, label, progress, verify
             if first_ready is None:
                 server_device, first_ready = resp.device, time.perf_counter()
             if k + 1 < len(parts):
-                following = _MaterializePart(client, parts, k + 1, where, label)
+                following = _MaterializePart(client, parts[k + 1], where,
+                                             _part_label(label, k + 1, len(parts)))
             load_stream(client, current, part, dests, device=device, progress=bar,
                         verify=verify, streams=streams)
             done, current = current, None
@@ -316,24 +317,32 @@ def _stream_parts(client, parts, where, targets, device, label, progress, verify
     return server_device, first_ready
 
 
-class _MaterializePart:
-    """Materialize of parts[index] on a daemon thread, so that a Ctrl-C
-    lands in the caller waiting for it, never inside gRPC."""
+def _destinations(targets, device):
+    """New tensors the stream fills (FSDP2's own, for managed targets)."""
+    return targets.allocate(device) if targets.managed else targets.new_tensors(device)
 
-    def __init__(self, client, parts, index, where, label):
+
+def _part_label(label, index, count):
+    """The label of part `index` (ListHandles shows it), unless the suffix
+    would not fit."""
+    labelled = f"{label} [part {index + 1}/{count}]"
+    return labelled.lstrip() if len(labelled.encode()) <= LABEL_BYTES else label
+
+
+class _MaterializePart:
+    """Materialize of one part on a daemon thread, so that a Ctrl-C lands
+    in the caller waiting for it, never inside gRPC."""
+
+    def __init__(self, client, part, where, label):
         self._client = client
-        suffix = f" [part {index + 1}/{len(parts)}]"
-        if len((label + suffix).encode()) <= LABEL_BYTES:
-            label = (label + suffix).lstrip()
-        self._args = (parts[index].to_proto(), where)
-        self._label = label
+        self._model, self._where, self._label = part.to_proto(), where, label
         self._resp = self._error = None
         self._done = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="materializer-part").start()
 
     def _run(self):
         try:
-            self._resp = self._client.materialize(*self._args, label=self._label)
+            self._resp = self._client.materialize(self._model, self._where, label=self._label)
         except BaseException as e:  # noqa: BLE001 - handed to result()
             self._error = e
         finally:

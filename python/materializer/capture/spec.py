@@ -144,15 +144,15 @@ class Spec:
         parts one by one gives the bytes of the whole."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, not {max_bytes}")
-        part_of, sizes = {}, []
+        part_of, count, size = {}, 0, 0
         for t in self.roots:
-            if not sizes or (sizes[-1] and sizes[-1] + t.nbytes > max_bytes):
-                sizes.append(0)
-            part_of[t.name] = len(sizes) - 1
-            sizes[-1] += t.nbytes
-        if len(sizes) <= 1:
+            if count == 0 or (size and size + t.nbytes > max_bytes):
+                count, size = count + 1, 0
+            part_of[t.name] = count - 1
+            size += t.nbytes
+        if count <= 1:
             return [self]
-        members = [[] for _ in sizes]
+        members = [[] for _ in range(count)]
         for t in self.tensors:
             # A tie to nothing (or a cycle) stays in the first part, where
             # the server names it.
