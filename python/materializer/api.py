@@ -143,6 +143,8 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+    if part_bytes < 0:
+        raise ValueError(f"part_bytes must be >= 0 (0: one handle), not {part_bytes}")
     t0 = time.perf_counter()
     if spec is None:
         spec = describe(model, seed=seed, rng=rng, **describe_kwargs)

@@ -67,6 +67,11 @@ def test_option_mistakes_are_caught_before_connecting():
         mz.Client("127.0.0.1:1", token="tok-0123456789abcdef")
     with pytest.raises(ValueError, match="go together"):
         mz.TLS(certificate_chain=b"x")
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"part_bytes must be >= 0 \(0: one handle\), not -1"):
+        mz.materialize(model, server="127.0.0.1:1", part_bytes=-1)
+    assert model.weight.is_meta
 
 
 def run_plan(*args):
