@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/empty.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -16,11 +17,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/torch_guard.h"
+#include "server/init/derived_fill.h"
 #include "server/init/fill.h"
 #include "server/init/portable_fill.h"
 #include "server/init/schemes.h"
 #include "server/init/seed.h"
 #include "server/memory/arena_views.h"
+#include "server/spec/torch_dtype.h"
 
 namespace materializer::init {
 namespace {
@@ -51,6 +54,8 @@ struct Task {
   int tensor = -1;
   const ModulePlan* module = nullptr;
   uint64_t bytes = 0;
+  // ResolvedInit::depth: tasks run after every task of a smaller depth.
+  int depth = 0;
 };
 
 std::vector<Task> MakeTasks(const std::vector<spec::TensorDesc>& tensors,
@@ -61,7 +66,8 @@ std::vector<Task> MakeTasks(const std::vector<spec::TensorDesc>& tensors,
     if (tensors[i].tie_root >= 0) continue;  // its root is written
     const ModulePlan* module = inits[i].module.get();
     if (module == nullptr) {
-      tasks.push_back({static_cast<int>(i), nullptr, tensors[i].nbytes});
+      tasks.push_back(
+          {static_cast<int>(i), nullptr, tensors[i].nbytes, inits[i].depth});
       continue;
     }
     auto [it, inserted] = module_task.emplace(module, tasks.size());
@@ -117,13 +123,60 @@ void ForEachTaskInParallel(const std::vector<Task>& tasks, int threads,
   if (error) std::rethrow_exception(error);
 }
 
+// Runs ForEachTaskInParallel depth by depth: every task of depth d after
+// every task of smaller depth (derived values read their sources).
+template <typename Work>
+void ForEachTaskByDepth(const std::vector<Task>& tasks, int threads,
+                        const std::function<bool()>& cancelled,
+                        std::atomic<bool>& stopped, Work work) {
+  int max_depth = 0;
+  for (const Task& task : tasks) max_depth = std::max(max_depth, task.depth);
+  if (max_depth == 0) {
+    ForEachTaskInParallel(tasks, threads, cancelled, stopped, work);
+    return;
+  }
+  for (int d = 0; d <= max_depth && !stopped.load(); ++d) {
+    std::vector<Task> level;
+    for (const Task& task : tasks) {
+      if (task.depth == d) level.push_back(task);
+    }
+    ForEachTaskInParallel(level, threads, cancelled, stopped, work);
+  }
+}
+
+// RNG_MODE_TORCH, a step with derived values (a map, or norm_of): the
+// leaf in a tensor of the compute dtype (the scheme's draw from the
+// tensor's generator, or the norm of the source's stored values), the
+// program on it, and the result copied into the step's view (docs/init.md,
+// "Derived values", has the Python).
+void FillDerivedStepTorch(at::Tensor& target, const ResolvedStep& step,
+                          const std::optional<at::Generator>& generator,
+                          const std::optional<at::Generator>& permutations,
+                          const std::vector<at::Tensor>& views) {
+  at::Tensor leaf;
+  if (step.scheme->has_norm_of()) {
+    leaf = NormExceptDimTorch(views[step.source], step.scheme->norm_of().dim());
+    if (step.map != nullptr) {
+      leaf = leaf.to(spec::ToScalarType(step.map->compute));
+    }
+  } else {
+    leaf = at::empty(target.sizes(),
+                     target.options().dtype(
+                         spec::ToScalarType(step.map->compute)));
+    Fill(leaf, *step.scheme, generator, permutations);
+  }
+  target.copy_(step.map != nullptr ? RunElementwiseTorch(leaf, *step.map)
+                                   : leaf);
+}
+
 // RNG_MODE_TORCH, a tensor with its own init: its steps in order, on the
 // view of each step's region, all drawing from the tensor's one generator
 // (seeded with DeriveSeed(seed, name)); sparse's row permutations come from
-// a second generator, seeded the same, that the steps share too.
+// a second generator, seeded the same, that the steps share too. `views`
+// are every tensor's, for steps that read other tensors (norm_of).
 void FillSteps(const spec::TensorDesc& desc,
                const std::vector<ResolvedStep>& steps, uint64_t seed,
-               at::Tensor& view) {
+               at::Tensor& view, const std::vector<at::Tensor>& views) {
   if (desc.numel == 0) return;
   bool random = false;
   bool sparse = false;
@@ -144,12 +197,150 @@ void FillSteps(const spec::TensorDesc& desc,
                                step.region->length[d]);
       }
     }
-    Fill(target, *step.scheme, generator, permutations);
+    if (step.map != nullptr || step.scheme->has_norm_of()) {
+      FillDerivedStepTorch(target, step, generator, permutations, views);
+    } else {
+      Fill(target, *step.scheme, generator, permutations);
+    }
+  }
+}
+
+// RNG_MODE_PORTABLE: what every tensor's fill needs.
+struct PortableContext {
+  const std::vector<spec::TensorDesc>& tensors;
+  const std::vector<ResolvedInit>& inits;
+  uint64_t seed;
+  int threads;
+};
+
+// `view` narrowed to `part` (full-tensor coordinates), given that view
+// holds `stored`.
+at::Tensor Narrowed(const at::Tensor& view, const portable::Box& stored,
+                    const portable::Box& part) {
+  at::Tensor out = view;
+  for (size_t d = 0; d < part.offset.size(); ++d) {
+    out = out.narrow(static_cast<int64_t>(d), part.offset[d] - stored.offset[d],
+                     part.length[d]);
+  }
+  return out;
+}
+
+// `desc` as if it stored `box` of the full tensor (a shard's geometry),
+// with elements of `dtype`.
+spec::TensorDesc DescForBox(const spec::TensorDesc& desc,
+                            const portable::Box& box, spec::DType dtype) {
+  spec::TensorDesc out = desc;
+  out.shard_full_shape = desc.full_shape();
+  out.shard_offset = box.offset;
+  out.shape = box.length;
+  out.dtype = dtype;
+  out.numel = static_cast<uint64_t>(portable::NumElements(box));
+  out.nbytes = out.numel * spec::ItemSize(dtype);
+  return out;
+}
+
+void FillTensorPortable(at::Tensor& view, const spec::TensorDesc& desc, int i,
+                        const PortableContext& ctx);
+
+// The values of tensor `i` over `box` of it, on the CPU, computed again
+// from its init (its portable values depend only on the seed, its name and
+// the index, so any part can be made on its own).
+at::Tensor PortableValuesOf(int i, const portable::Box& box,
+                            const PortableContext& ctx) {
+  const spec::TensorDesc& desc = ctx.tensors[i];
+  at::Tensor out = at::empty(box.length, at::TensorOptions().dtype(
+                                             spec::ToScalarType(desc.dtype)));
+  FillTensorPortable(out, DescForBox(desc, box, desc.dtype), i, ctx);
+  return out;
+}
+
+// A step with derived values (a map, or norm_of) over the part of its
+// region that `view` holds: the leaf on the CPU (the scheme's portable
+// values in the leaf dtype, or the norm of the source's values for exactly
+// the slab this part needs), the program, then a copy into the view
+// (docs/portable-rng.md, section 14).
+void FillDerivedStepPortable(at::Tensor& view, const spec::TensorDesc& desc,
+                             const ResolvedStep& step, uint32_t k,
+                             const PortableContext& ctx) {
+  const portable::Box full = portable::FullBox(desc.full_shape());
+  const portable::Box stored =
+      desc.is_shard() ? portable::Box{desc.shard_offset, desc.shape} : full;
+  const portable::Box part =
+      portable::Intersect(step.region.has_value() ? *step.region : full, stored);
+  if (portable::NumElements(part) == 0) return;
+  at::Tensor dst = Narrowed(view, stored, part);
+  at::Tensor leaf;
+  if (step.scheme->has_norm_of()) {
+    const int64_t dim = step.scheme->norm_of().dim();
+    const spec::TensorDesc& source = ctx.tensors[step.source];
+    portable::Box slab = portable::FullBox(source.full_shape());
+    if (dim >= 0) {
+      slab.offset[dim] = part.offset[dim];
+      slab.length[dim] = part.length[dim];
+    }
+    at::Tensor norm =
+        NormExceptDimPortable(PortableValuesOf(step.source, slab, ctx), dim);
+    leaf = norm.reshape(part.length);
+    if (step.map == nullptr || PortableLeafDtype(*step.map) != spec::DType::kFloat64) {
+      leaf = leaf.to(at::kFloat);
+    }
+  } else {
+    const spec::DType leaf_dtype = PortableLeafDtype(*step.map);
+    leaf = at::empty(part.length, at::TensorOptions().dtype(
+                                      spec::ToScalarType(leaf_dtype)));
+    FillPortableStep(leaf, DescForBox(desc, part, leaf_dtype), *step.scheme,
+                     step.region, k, ctx.seed, ctx.threads);
+  }
+  if (step.map != nullptr) {
+    leaf = RunElementwisePortable(leaf, *step.map, ctx.threads);
+  }
+  if (desc.dtype != spec::DType::kFloat64 && leaf.scalar_type() == at::kDouble) {
+    leaf = leaf.to(at::kFloat);  // every dtype but float64 narrows from f32
+  }
+  dst.copy_(leaf);
+}
+
+// Fills `view` (desc's stored box of tensor i) with tensor i's init.
+void FillTensorPortable(at::Tensor& view, const spec::TensorDesc& desc, int i,
+                        const PortableContext& ctx) {
+  const ModulePlan* module = ctx.inits[i].module.get();
+  const ModuleSlot* slot = nullptr;
+  if (module != nullptr) {
+    for (const ModuleSlot& s : module->slots) {
+      if (s.tensor == i) slot = &s;
+    }
+    TORCH_CHECK(slot != nullptr, "module plan lacks tensor ", desc.name);
+  }
+  if (slot != nullptr) {
+    FillPortableStep(view, desc, slot->op, std::nullopt, 0, ctx.seed,
+                     ctx.threads);
+  }
+  const std::vector<ResolvedStep>& steps = ctx.inits[i].steps;
+  for (size_t k = 0; slot == nullptr && k < steps.size(); ++k) {
+    const ResolvedStep& step = steps[k];
+    if (step.map != nullptr || step.scheme->has_norm_of()) {
+      FillDerivedStepPortable(view, desc, step, static_cast<uint32_t>(k), ctx);
+      continue;
+    }
+    FillPortableStep(view, desc, *step.scheme, step.region,
+                     static_cast<uint32_t>(k), ctx.seed, ctx.threads);
+  }
+  // Embedding: the padding row is zero (if this box holds it).
+  if (module != nullptr && module->padding_idx.has_value() &&
+      slot->local_name == "weight") {
+    const int64_t row = *module->padding_idx;
+    const int64_t first = desc.is_shard() ? desc.shard_offset[0] : 0;
+    if (row >= first && row < first + desc.shape[0]) {
+      view.select(0, row - first).fill_(0);
+    }
   }
 }
 
 // RNG_MODE_PORTABLE: one task per tensor (a module default is its tensor's
-// slot of the plan), run one at a time, each kernel using every thread.
+// slot of the plan), run one at a time, each kernel using every thread. A
+// tensor that reads another (norm_of) computes the part of the source it
+// needs again, so no order between tasks is needed and a shard needs no
+// other rank's bytes.
 absl::Status ApplyPortable(const std::vector<spec::TensorDesc>& tensors,
                            const std::vector<ResolvedInit>& inits,
                            uint64_t seed, memory::Arena& arena,
@@ -160,39 +351,13 @@ absl::Status ApplyPortable(const std::vector<spec::TensorDesc>& tensors,
     tasks.push_back({static_cast<int>(i), nullptr, tensors[i].nbytes});
   }
   std::vector<at::Tensor>& views = arena.tensors().views;
-  const int threads = at::get_num_threads();
+  const PortableContext ctx{tensors, inits, seed, at::get_num_threads()};
   std::atomic<bool> stopped{false};
   absl::Status status = GuardTorch("initializing tensors", [&] {
     ForEachTaskInParallel(tasks, /*threads=*/1, cancelled, stopped,
                           [&](const Task& task) {
-      const int i = task.tensor;
-      const spec::TensorDesc& desc = tensors[i];
-      const ModulePlan* module = inits[i].module.get();
-      const ModuleSlot* slot = nullptr;
-      if (module != nullptr) {
-        for (const ModuleSlot& s : module->slots) {
-          if (s.tensor == i) slot = &s;
-        }
-        TORCH_CHECK(slot != nullptr, "module plan lacks tensor ", desc.name);
-      }
-      if (slot != nullptr) {
-        FillPortableStep(views[i], desc, slot->op, std::nullopt, 0, seed,
-                         threads);
-      }
-      const std::vector<ResolvedStep>& steps = inits[i].steps;
-      for (size_t k = 0; slot == nullptr && k < steps.size(); ++k) {
-        FillPortableStep(views[i], desc, *steps[k].scheme, steps[k].region,
-                         static_cast<uint32_t>(k), seed, threads);
-      }
-      // Embedding: the padding row is zero (if this box holds it).
-      if (module != nullptr && module->padding_idx.has_value() &&
-          slot->local_name == "weight") {
-        const int64_t row = *module->padding_idx;
-        const int64_t first = desc.is_shard() ? desc.shard_offset[0] : 0;
-        if (row >= first && row < first + desc.shape[0]) {
-          views[i].select(0, row - first).fill_(0);
-        }
-      }
+      FillTensorPortable(views[task.tensor], tensors[task.tensor], task.tensor,
+                         ctx);
     });
   });
   if (status.ok() && stopped.load()) {
@@ -227,8 +392,8 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
   // which thread runs it or in which order.
   std::atomic<bool> stopped{false};
   absl::Status status = GuardTorch("initializing tensors", [&] {
-    ForEachTaskInParallel(tasks, at::get_num_threads(), cancelled, stopped,
-                          [&](const Task& task) {
+    ForEachTaskByDepth(tasks, at::get_num_threads(), cancelled, stopped,
+                       [&](const Task& task) {
       if (task.module != nullptr) {
         // The module's device (a split handle keeps a module on one).
         at::Device device(at::kCPU);
@@ -243,7 +408,7 @@ absl::Status ApplyInits(const std::vector<spec::TensorDesc>& tensors,
         return;
       }
       FillSteps(tensors[task.tensor], inits[task.tensor].steps, seed,
-                views[task.tensor]);
+                views[task.tensor], views);
     });
   });
   if (status.ok() && stopped.load()) {

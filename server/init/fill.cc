@@ -351,6 +351,7 @@ void FillNative(at::Tensor& t, const v1::InitScheme& scheme,
       t.copy_(RopeInvFreq(GetParams(scheme.rope_inv_freq(), t.numel())));
       return;
     case v1::InitScheme::kModuleDefault:  // filled per module (FillModule)
+    case v1::InitScheme::kNormOf:         // reads its source (derived_fill)
     case v1::InitScheme::SCHEME_NOT_SET:
       break;
   }

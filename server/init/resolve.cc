@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/quote.h"
 #include "server/common/status_macros.h"
+#include "server/init/derived.h"
 #include "server/init/glob.h"
 #include "server/init/portable_request.h"
 #include "server/init/rng_mode.h"
@@ -73,6 +74,12 @@ absl::Status CheckRules(const v1::ModelSpec& model,
     if (!glob.ok()) return Prefixed(RulePath(r, rule), glob.status());
     words += glob->words();
     globs->push_back(std::move(*glob));
+    if (rule.init().has_norm_of()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          RulePath(r, rule),
+          ".init: norm_of names one source tensor; give it to the tensor "
+          "(TensorSpec.init or init_steps), not to a rule"));
+    }
     if (rule.init().has_values()) {
       return absl::InvalidArgumentError(absl::StrCat(
           RulePath(r, rule),
@@ -255,6 +262,7 @@ absl::Status CheckPortable(uint64_t seed,
       PortableTarget target;
       target.name = tensor.name;
       target.dtype = tensor.dtype;
+      if (step.map != nullptr) target.dtype = PortableLeafDtype(*step.map);
       target.shape = region.length;
       const portable::Box both = portable::Intersect(region, stored);
       // A shard that holds none of the region still has its parameters
@@ -345,6 +353,20 @@ absl::StatusOr<Resolution> ResolveInits(
       out.description = DescribeSteps(out.steps);
     }
     out.description += sources[i];
+  }
+
+  std::vector<DerivedTensor> derived(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ResolvedInit& init = resolution.inits[i];
+    derived[i].steps = &init.steps;
+    if (init.module != nullptr) {
+      derived[i].module_op = &PortableScheme(init, static_cast<int>(i), 0);
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<int> depth,
+                   ResolveDerived(model, tensors, derived));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    resolution.inits[i].depth = depth[i];
   }
 
   if (context.rng == v1::RNG_MODE_PORTABLE) {

@@ -51,6 +51,9 @@ struct ResolvedInit {
   std::shared_ptr<const ModulePlan> module;
   // One per step, for Plan and Describe (TensorPlan.steps).
   std::vector<v1::InitStepInfo> step_infos;
+  // 0, or 1 + the largest depth of the tensors its steps read (norm_of):
+  // filling by increasing depth fills every source first (derived.h).
+  int depth = 0;
 };
 
 struct Resolution {

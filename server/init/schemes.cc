@@ -21,7 +21,7 @@ using spec::DType;
 constexpr const char* kSchemeNames =
     "zeros, ones, constant, uniform, normal, trunc_normal, xavier_uniform, "
     "xavier_normal, kaiming_uniform, kaiming_normal, orthogonal, eye, dirac, "
-    "sparse, module_default, empty, arange, rope_inv_freq, values";
+    "sparse, module_default, empty, arange, rope_inv_freq, values, norm_of";
 
 constexpr const char* kRopeTypes = "default, linear, dynamic, llama3, yarn";
 
@@ -492,6 +492,20 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme) {
       return CheckRope(scheme.rope_inv_freq());
     case v1::InitScheme::kValues:
       return absl::OkStatus();  // checked against the tensor (values.h)
+    case v1::InitScheme::kNormOf: {
+      // The source and the shape are checked with the request (resolve.cc).
+      const v1::NormOf& norm = scheme.norm_of();
+      if (norm.tensor().empty()) {
+        return Invalid("norm_of.tensor is empty; name the tensor whose norm "
+                       "this is");
+      }
+      if (norm.dim() < -1) {
+        return Invalid(absl::StrCat("norm_of.dim is ", norm.dim(),
+                                    "; it must be -1 (every element) or a "
+                                    "dimension of the source (>= 0)"));
+      }
+      return absl::OkStatus();
+    }
     case v1::InitScheme::SCHEME_NOT_SET:
       break;
   }
@@ -502,7 +516,9 @@ absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
                                   const spec::TensorDesc& tensor) {
   const spec::DTypeInfo& info = spec::Info(tensor.dtype);
   const bool floating_only =
-      IsRandom(scheme) || scheme.scheme_case() == v1::InitScheme::kRopeInvFreq;
+      IsRandom(scheme) ||
+      scheme.scheme_case() == v1::InitScheme::kRopeInvFreq ||
+      scheme.scheme_case() == v1::InitScheme::kNormOf;
   if (floating_only && !info.is_floating_point) {
     return Invalid(absl::StrCat(
         DescribeScheme(scheme), " needs a floating-point dtype; the tensor is ",
@@ -648,6 +664,9 @@ std::string DescribeScheme(const v1::InitScheme& scheme) {
       return RopeText(scheme.rope_inv_freq());
     case v1::InitScheme::kValues:
       return absl::StrCat("values(", scheme.values().data().size(), " bytes)");
+    case v1::InitScheme::kNormOf:
+      return absl::StrCat("norm_of(", Quote(scheme.norm_of().tensor(), 64),
+                          ", dim=", scheme.norm_of().dim(), ")");
     case v1::InitScheme::SCHEME_NOT_SET:
       break;
   }

@@ -177,6 +177,9 @@ std::string RegionText(const portable::Box& region) {
 
 std::string DescribeStep(const ResolvedStep& step) {
   std::string text = DescribeScheme(*step.scheme);
+  if (step.map != nullptr) {
+    absl::StrAppend(&text, " then ", DescribeElementwise(*step.map));
+  }
   if (step.region.has_value()) {
     absl::StrAppend(&text, " on ", RegionText(*step.region));
   }
@@ -201,7 +204,10 @@ std::vector<v1::InitStepInfo> StepInfos(
   infos.reserve(steps.size());
   for (const ResolvedStep& step : steps) {
     v1::InitStepInfo& info = infos.emplace_back();
-    info.set_init(DescribeScheme(*step.scheme));
+    info.set_init(step.map == nullptr
+                      ? DescribeScheme(*step.scheme)
+                      : absl::StrCat(DescribeScheme(*step.scheme), " then ",
+                                     DescribeElementwise(*step.map)));
     if (step.region.has_value()) {
       for (size_t d = 0; d < step.region->offset.size(); ++d) {
         v1::DimRange* range = info.add_region();
@@ -258,9 +264,30 @@ absl::StatusOr<std::vector<ResolvedStep>> ResolveInitSteps(
     }
     ResolvedStep resolved{std::make_shared<const v1::InitScheme>(scheme),
                           *std::move(region)};
-    if (absl::Status s =
-            CheckSchemeFits(*resolved.scheme, StepTarget(tensor, resolved));
-        !s.ok()) {
+    if (scheme.has_norm_of() && resolved.region.has_value()) {
+      return Invalid(absl::StrCat(path, ".init"),
+                     "norm_of fills the whole tensor; give it no region");
+    }
+    // With a map, the init makes the program's leaf in the compute dtype,
+    // so its values are checked against that dtype (and the program's
+    // result against the tensor's).
+    spec::TensorDesc target = StepTarget(tensor, resolved);
+    if (step.has_map()) {
+      absl::StatusOr<ParsedElementwise> map =
+          ParseElementwise(step.map(), tensor.dtype);
+      if (!map.ok()) return Invalid(path, map.status().message());
+      if (scheme.has_empty() || scheme.has_values()) {
+        return Invalid(path, absl::StrCat("map starts from ",
+                                          DescribeScheme(scheme),
+                                          ": a program starts from a draw, a "
+                                          "fill, arange, eye, dirac, "
+                                          "rope_inv_freq or norm_of; send "
+                                          "values you computed as they are"));
+      }
+      target.dtype = map->compute;
+      resolved.map = std::make_shared<const ParsedElementwise>(*std::move(map));
+    }
+    if (absl::Status s = CheckSchemeFits(*resolved.scheme, target); !s.ok()) {
       return Invalid(
           absl::StrCat(path, ".init"),
           resolved.region.has_value()
@@ -268,7 +295,15 @@ absl::StatusOr<std::vector<ResolvedStep>> ResolveInitSteps(
                              s.message())
               : std::string(s.message()));
     }
-    if (rng == v1::RNG_MODE_TORCH) {
+    if (resolved.map != nullptr && !scheme.has_norm_of()) {
+      absl::StatusOr<Interval> leaf = LeafBounds(scheme, target);
+      absl::Status s = leaf.ok() ? CheckElementwiseBounds(*resolved.map, *leaf,
+                                                          tensor.dtype)
+                                       .status()
+                                 : leaf.status();
+      if (!s.ok()) return Invalid(path, s.message());
+    }
+    if (rng == v1::RNG_MODE_TORCH && resolved.map == nullptr) {
       if (absl::Status s = CheckOrthogonalView(tensor, resolved, path);
           !s.ok()) {
         return s;

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
+#include "server/init/elementwise.h"
 #include "server/init/portable/box.h"
 #include "server/spec/tensor_desc.h"
 
@@ -35,6 +36,12 @@ struct ResolvedStep {
   // The box of the full tensor the step fills; none for the whole tensor
   // (a region that is the whole tensor is stored as none).
   std::optional<portable::Box> region;
+  // InitStep.map, parsed: the step writes the program's result over its
+  // leaf (the scheme's values); null for none.
+  std::shared_ptr<const ParsedElementwise> map = nullptr;
+  // norm_of: the index of the source tensor (its tie root), set when the
+  // request is resolved (derived.h); -1 for every other scheme.
+  int source = -1;
 };
 
 // The step's region as a tensor of its own (name and dtype of `tensor`,
@@ -59,7 +66,9 @@ std::string DescribeSteps(const std::vector<ResolvedStep>& steps);
 std::vector<v1::InitStepInfo> StepInfos(const std::vector<ResolvedStep>& steps);
 
 // Validates TensorSpec.init_steps of tensor `index` (which has some) and
-// resolves them: at most kMaxInitStepsPerTensor; each step sets a scheme
+// resolves them (a step's map is parsed and, unless it starts from
+// norm_of, whose source is known only with the request, its bounds
+// checked: elementwise.h): at most kMaxInitStepsPerTensor; each step sets a scheme
 // other than module_default with valid parameters; its region has the
 // tensor's rank and lies inside it; the first step covers the whole
 // tensor; `empty` only as the first step; the scheme fits the region

@@ -555,3 +555,144 @@ def fill_steps(seed, name, dtype, shape, steps, box=None):
         out[tuple(slice(l - b, h - b)
                   for l, h, b in zip(lo, hi, offset))] = part
     return out.reshape(-1)
+
+
+# ------------------------------------------------ elementwise programs ----
+# docs/portable-rng.md, section 14: InitStep.map in float64.
+
+EXP_TAYLOR = [float.fromhex(h) for h in (
+    "0x1.0000000000000p+0", "0x1.0000000000000p+0", "0x1.0000000000000p-1",
+    "0x1.5555555555555p-3", "0x1.5555555555555p-5", "0x1.1111111111111p-7",
+    "0x1.6c16c16c16c17p-10", "0x1.a01a01a01a01ap-13", "0x1.a01a01a01a01ap-16",
+    "0x1.71de3a556c734p-19", "0x1.27e4fb7789f5cp-22", "0x1.ae64567f544e4p-26",
+    "0x1.1eed8eff8d898p-29", "0x1.6124613a86d09p-33", "0x1.93974a8c07c9dp-37")]
+
+
+def _pow2(k):
+    return float(np.uint64((k + 1023) << 52).view(np.float64))
+
+
+def exp_f64(x):
+    x = float(x)
+    if x <= -746.0:
+        return 0.0
+    if x >= 710.0:
+        return math.inf
+    shifter = float.fromhex("0x1.8p52")
+    t = _fma64_scalar(x, float.fromhex("0x1.71547652b82fep+0"), shifter)
+    k = t - shifter
+    r = _fma64_scalar(-k, LN2_HI_F64, x)
+    r = _fma64_scalar(-k, LN2_LO_F64, r)
+    p = EXP_TAYLOR[13]
+    for c in reversed(EXP_TAYLOR[:13]):
+        p = _fma64_scalar(p, r, c)
+    ki = int(k)
+    k1 = ki // 2
+    k2 = ki - k1
+    return (p * _pow2(k1)) * _pow2(k2)
+
+
+def expm1_f64(x):
+    x = float(x)
+    half_ln2 = float.fromhex("0x1.62e42fefa39efp-2")
+    if x > half_ln2 or x < -half_ln2:
+        return exp_f64(x) - 1.0
+    p = EXP_TAYLOR[14]
+    for c in reversed(EXP_TAYLOR[1:14]):
+        p = _fma64_scalar(p, x, c)
+    return x * p
+
+
+def log_any_f64(x):
+    x = float(x)
+    if x < float.fromhex("0x1p-1022"):
+        return float(log_f64(np.float64(x * 2.0 ** 54))) - float.fromhex("0x1.2b708872320e2p+5")
+    return float(log_f64(np.float64(x)))
+
+
+def log1p_f64(x):
+    x = float(x)
+    u = 1.0 + x
+    if u == 1.0:
+        return x
+    return log_any_f64(u) * (x / (u - 1.0))
+
+
+def softplus_f64(x):
+    return x if x > 20.0 else log1p_f64(exp_f64(x))
+
+
+def pow_f64(x, c):
+    if c == 0.0:
+        return 1.0
+    if c == 1.0:
+        return x
+    if c == 2.0:
+        return x * x
+    if c == 3.0:
+        return (x * x) * x
+    if c == 0.5:
+        return math.sqrt(x)
+    if c == -1.0:
+        return 1.0 / x
+    if x == 0.0:
+        return 0.0
+    if x > 0.0:
+        return exp_f64(c * log_any_f64(x))
+    magnitude = exp_f64(c * log_any_f64(-x))
+    return magnitude if (c / 2) == math.floor(c / 2) else -magnitude
+
+
+def elementwise_op(op, x, y):
+    """One op of a program on one element (op: the JSON mapping of an
+    ElementwiseOp, with 'y' an operand value or None for the constant)."""
+    kind = op["kind"]
+    c = op.get("c", 0.0)
+    other = y if y is not None else c
+    first = op.get("constantFirst", False) and y is None
+    if kind == "ADD":
+        return x + other
+    if kind == "SUB":
+        return other - x if first else x - other
+    if kind == "MUL":
+        return x * other
+    if kind == "DIV":
+        return other / x if first else x / other
+    if kind == "POW":
+        return pow_f64(x, c)
+    if kind == "NEG":
+        return -x
+    if kind == "EXP":
+        return exp_f64(x)
+    if kind == "LOG":
+        return log_any_f64(x)
+    if kind == "EXPM1":
+        return expm1_f64(x)
+    if kind == "LOG1P":
+        return log1p_f64(x)
+    if kind == "SQRT":
+        return math.sqrt(x)
+    if kind == "RECIPROCAL":
+        return 1.0 / x
+    if kind == "CLAMP":
+        v = x
+        if "min" in op and v < op["min"]:
+            v = op["min"]
+        if "max" in op and v > op["max"]:
+            v = op["max"]
+        return v
+    if kind == "SOFTPLUS":
+        return softplus_f64(x)
+    raise ValueError(kind)
+
+
+def run_program(ops, leaf):
+    """The program's last value for each element of `leaf` (float64 out)."""
+    out = np.empty(len(leaf), dtype=np.float64)
+    for i, v0 in enumerate(np.asarray(leaf, dtype=np.float64)):
+        values = [float(v0)]
+        for op in ops:
+            y = values[op["y"]] if "y" in op else None
+            values.append(elementwise_op(op, values[op.get("x", 0)], y))
+        out[i] = values[-1]
+    return out
