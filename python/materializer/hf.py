@@ -76,22 +76,26 @@ def init_hook(model):
 
 
 def from_config(config, auto_class="AutoModel", record_constructor=True, **kwargs):
-    """Builds `auto_class.from_config(config)` on the meta device, without
-    downloading anything. auto_class: a class or its name in transformers
-    ("AutoModelForCausalLM", ...). With record_constructor (default) it is
-    built under materializer.meta_device(), so values constructors write
-    are kept."""
+    """Builds the model of `config` on the meta device, without downloading
+    anything. auto_class: an auto class or a concrete model class
+    (`LlamaForCausalLM`), or its name in transformers ("AutoModelForCausalLM",
+    ...): an auto class builds with `from_config`, a model class with
+    `_from_config` (what from_config calls for it). With record_constructor
+    (default) it is built under materializer.meta_device(), so values
+    constructors write are kept."""
     import torch
     import transformers
     cls = getattr(transformers, auto_class) if isinstance(auto_class, str) else auto_class
+    build = getattr(cls, "from_config", None) or getattr(cls, "_from_config", None) or cls
     ctx = meta_device() if record_constructor else torch.device("meta")
     with ctx:
-        return cls.from_config(config, **kwargs)
+        return build(config, **kwargs)
 
 
 def materialize(config, auto_class="AutoModel", **kwargs):
-    """from_config on meta, then materializer.materialize(model, **kwargs);
-    returns the model with its weights in place."""
+    """from_config on meta, then materializer.materialize(model, **kwargs)
+    (which passes describe()'s keywords, such as keep_real, on); returns
+    the model with its weights in place."""
     from materializer.api import materialize as _materialize
     model = from_config(config, auto_class)
     _materialize(model, **kwargs)

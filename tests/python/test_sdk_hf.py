@@ -178,3 +178,17 @@ def test_describe_twice_sees_the_same_model():
     b = mz.describe(model, seed=1)
     assert a.to_proto() == b.to_proto()
     assert not any("_is_hf_initialized" in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize("cls", ["LlamaForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM"])
+def test_from_config_takes_a_concrete_model_class(cls):
+    config = {"LlamaForCausalLM": _llama, "GPT2LMHeadModel": _gpt2,
+              "BertForMaskedLM": _bert}[cls]()[0]
+    for given in (getattr(tf, cls), cls):
+        model = hf.from_config(config, given)
+        assert type(model).__name__ == cls
+        assert all(t.device.type == "meta" for t in model.state_dict().values())
+    by_auto = hf.from_config(config, {"LlamaForCausalLM": "AutoModelForCausalLM",
+                                      "GPT2LMHeadModel": "AutoModelForCausalLM",
+                                      "BertForMaskedLM": "AutoModelForMaskedLM"}[cls])
+    assert mz.describe(model, seed=1).to_proto() == mz.describe(by_auto, seed=1).to_proto()
