@@ -7,6 +7,14 @@ steps in order, each step the torch.nn.init call of its scheme on the
 view of the step's region. Tests compare
 materialized bytes with it, and the benchmark uses it as the in-process
 baseline ("to_empty + the same init").
+
+Derived values: a `map` step draws its leaf into a tensor of the region's
+shape in the program's compute dtype, runs each op as the ATen call
+`run_op` names (`torch.mul(x, c)`, `torch.rsub(x, c)` for `c - x`,
+`torch.clamp(x, min, max)`, `torch.nn.functional.softplus(x)`, ...), and
+copies the last value into the region. `norm_of` is
+`torch.norm_except_dim(source, 2, dim)` of the source tensor's final
+values (init_spec fills sources first).
 """
 
 import torch
@@ -112,22 +120,84 @@ def apply_scheme(t, scheme, g):
         raise ValueError(f"no reference for scheme {k}")
 
 
-def init_tensor(t, steps, seed, name):
+def run_op(op, values):
+    """One ElementwiseOp (a capture op dict) on earlier `values`: the ATen
+    call of the Python code it stands for."""
+    x = values[op["x"]]
+    kind = op["kind"]
+    if kind in ("add", "sub", "mul", "div", "pow"):
+        other = values[op["y"]] if "y" in op else op["c"]
+        if op.get("constant_first"):
+            if kind == "sub":
+                return torch.rsub(x, other)                  # c - x
+            return torch.full_like(x, other).div_(x)          # c / x
+        return getattr(torch, kind)(x, other)
+    if kind == "clamp":
+        return torch.clamp(x, min=op.get("min"), max=op.get("max"))
+    if kind == "softplus":
+        return torch.nn.functional.softplus(x)
+    return getattr(torch, kind)(x)                            # neg, exp, log, ...
+
+
+def apply_map(t, scheme, g):
+    """A map step on `t` (the step's region)."""
+    p = scheme.params
+    leaf = torch.empty(t.shape, dtype=p["dtype"], device=t.device)
+    apply_scheme(leaf, p["init"], g)
+    values = [leaf]
+    for op in p["ops"]:
+        values.append(run_op(op, values))
+    t.copy_(values[-1])
+
+
+def init_tensor(t, steps, seed, name, sources=None):
     """Writes `steps` (capture Steps) into `t` as the service does in
-    torch mode."""
+    torch mode. sources: {name: final tensor} for norm_of steps."""
     d = derive_seed(seed, name)
     g = torch.Generator(device=t.device).manual_seed(d)
     if any(s.scheme.kind == "sparse" for s in steps):
         torch.manual_seed(d)
     with torch.no_grad():
         for step in steps:
-            apply_scheme(regions.slice_of(t, step.region), step.scheme, g)
+            view = regions.slice_of(t, step.region)
+            if step.scheme.kind == "map":
+                apply_map(view, step.scheme, g)
+            elif step.scheme.kind == "norm_of":
+                p = step.scheme.params
+                src = (sources or {})[p["tensor"]]
+                view.copy_(torch.norm_except_dim(src, 2, p.get("dim", 0)).reshape(view.shape))
+            else:
+                apply_scheme(view, step.scheme, g)
     return t
 
 
 def init_spec(tensors, spec):
-    """init_tensor for every root of `spec` (tensors: name -> tensor)."""
+    """init_tensor for every root of `spec` (tensors: name -> tensor), a
+    norm's source before the norm."""
+    roots = {d.name: d for d in spec.roots}
+
+    def root(name):
+        while spec[name].tie_to:
+            name = spec[name].tie_to
+        return name
+
+    def reads(desc):
+        return [root(s.scheme.params["tensor"]) for s in desc.steps
+                if s.scheme.kind == "norm_of"]
+
+    done = set()
+
+    def fill(desc):
+        if desc.name in done:
+            return
+        done.add(desc.name)
+        for src in reads(desc):
+            fill(roots[src])
+        init_tensor(tensors[desc.name], desc.steps, spec.seed, desc.name,
+                    sources={s.scheme.params["tensor"]: tensors[root(s.scheme.params["tensor"])]
+                             for s in desc.steps if s.scheme.kind == "norm_of"})
+
     for desc in spec.roots:
-        init_tensor(tensors[desc.name], desc.steps, spec.seed, desc.name)
+        fill(desc)
     return tensors
 

@@ -27,7 +27,7 @@ import threading
 
 import torch
 
-from materializer.capture import regions, schemes
+from materializer.capture import legacy, regions, schemes
 from materializer.capture.program import Entry, Step
 from materializer.capture.recorder import Recorder, storage_key
 from materializer.capture.spec import Spec, TensorDesc, dtype_name
@@ -107,16 +107,23 @@ def meta_device(limit=COMPUTE_LIMIT):
     """A drop-in for `with torch.device("meta"):` that also records the
     values constructors write (a `logit_scale` made from a float, ones from
     `torch.ones`, RoPE tables computed on the meta device, `torch.randn(n) *
-    0.02`), so that describe() keeps them.
+    0.02`), so that describe() keeps them, and makes the legacy
+    constructors (`torch.Tensor(d, n)`, `torch.FloatTensor(4, 4)`, ...),
+    which ignore torch.device("meta"), make meta tensors too
+    (capture/legacy.py).
 
         with materializer.meta_device():
             model = MyModel(config)
+
+    Use it from one thread at a time per model; the legacy constructors
+    are patched for the duration (for the calling thread only) and
+    restored on exit, also on exceptions.
     """
     with _registry_lock:
         entries = dict(_registry)
     rec = Recorder(entries, limit=limit)
     try:
-        with torch.device("meta"), rec:
+        with torch.device("meta"), rec, legacy.patched():
             yield
     finally:
         with _registry_lock:
@@ -139,13 +146,15 @@ def _seed_entry(group, local_meta):
         entry.steps = list(made.steps)
     elif base.numel() == local_meta.numel() and base.storage_offset() == local_meta.storage_offset():
         entry.steps = [Step(s.scheme, None, s.reason) for s in made.steps if s.region is None][-1:]
+    # Copies: recording may note origins on steps; the registry's stay as made.
+    entry.steps = [Step(s.scheme, s.region, s.reason) for s in entry.steps]
     return entry
 
 
 # -- describe ----------------------------------------------------------------------
 
 def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
-             reset_parameters=True, limit=COMPUTE_LIMIT,
+             reset_parameters=True, keep_real=False, limit=COMPUTE_LIMIT,
              max_literal_bytes=MAX_LITERAL_BYTES,
              max_total_literal_bytes=MAX_TOTAL_LITERAL_BYTES):
     """The Spec of `model`'s meta tensors (see the module docstring).
@@ -157,8 +166,12 @@ def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
       tensor (literal values). A pattern that matches no name is an error.
     reset_parameters: run every submodule's reset_parameters() first.
     rng: "portable" (default; needed for shards) or "torch".
-
-    Real (non-meta) tensors are left out of the spec and are not changed.
+    keep_real: leave real (non-meta) tensors out of the spec, unchanged
+      (a partly loaded model). By default a real tensor is recorded like a
+      meta one (the init code runs on a meta stand-in): when the init code
+      writes all of it, it is described and materialize() replaces it;
+      otherwise it is a CaptureError (its values may be the uninitialized
+      memory of a legacy constructor such as torch.Tensor(d, n)).
     """
     if init is None:
         hook = default_hook(model)
@@ -172,15 +185,25 @@ def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
         raise TypeError("init must be an InitHook, a callable, None or False")
     _prune_registry()
     groups = walk(model, hook.tie_roots if hook else ())
-    meta = [g for g in groups if g.is_meta]
-    if not meta:
+    if not any(g.is_meta for g in groups):
         raise CaptureError("the model has no tensor on the meta device: there "
                            "is nothing to materialize")
+    real = [] if keep_real else [g for g in groups if not g.is_meta and not g.dtensor]
+    meta = [g for g in groups if g.is_meta] + real
     entries = {}
     proxies = {}
     protected = set()
     by_key = {}
+    stand_ins = {}
     for g in groups:
+        if g in real:
+            stand_in = torch.empty(tuple(g.tensor.shape), dtype=g.tensor.dtype, device="meta")
+            entry = Entry(stand_in, f"{g.root} ({g.owner_class})")
+            entry.name = g.root
+            entries[storage_key(stand_in)] = entry
+            by_key[g.key] = entry
+            stand_ins[g.key] = stand_in
+            continue
         if not g.is_meta:
             protected.add(g.key)
             continue
@@ -199,7 +222,7 @@ def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
         by_key[g.key] = entry
     before = {s.name: s.get() for g in groups for s in g.slots}
     rec = Recorder(entries, protected=protected, proxies=proxies, limit=limit)
-    with torch.no_grad():
+    with torch.no_grad(), _stood_in(real, stand_ins) as replaced:
         if reset_parameters:
             with _untied(meta), rec:
                 for m in post_order(model):
@@ -213,13 +236,41 @@ def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
                     raise CaptureError(f"{hook.name} raised {type(e).__name__} while "
                                        f"recording on the meta model: {e}") from e
     after = {s.name: s.get() for g in groups for s in g.slots}
-    changed = [n for n in before if after.get(n) is not before[n]]
+    changed = [n for n in before if after.get(n) is not before[n]] + replaced
     if changed:
         raise CaptureError("the init code replaced tensors of the model instead of "
                            "writing into them: " + ", ".join(changed[:10]))
     _apply_overrides(overrides or {}, meta, by_key)
-    return _spec(model, groups, by_key, seed, rng, max_literal_bytes,
-                 max_total_literal_bytes)
+    return _spec(model, groups, by_key, {g.key for g in real}, seed, rng,
+                 max_literal_bytes, max_total_literal_bytes)
+
+
+@contextlib.contextmanager
+def _stood_in(groups, stand_ins):
+    """Puts a meta stand-in (sharing one storage per group) where each
+    real tensor of `groups` is, for the duration; yields a list that names
+    the slots the init code replaced meanwhile."""
+    saved = []
+    replaced = []
+    for g in groups:
+        made = {}
+        for s in g.slots:
+            orig = s.get()
+            if id(orig) not in made:
+                if isinstance(orig, torch.nn.Parameter):
+                    made[id(orig)] = torch.nn.Parameter(stand_ins[g.key],
+                                                        requires_grad=orig.requires_grad)
+                else:
+                    made[id(orig)] = stand_ins[g.key].detach()
+            s.set(made[id(orig)])
+            saved.append((s, orig, made[id(orig)]))
+    try:
+        yield replaced
+    finally:
+        for s, orig, stand_in in reversed(saved):
+            if s.get() is not stand_in:
+                replaced.append(s.name)
+            s.set(orig)
 
 
 def _reset(module, rec, by_key, groups):
@@ -297,19 +348,81 @@ def _apply_overrides(overrides, groups, by_key):
             + f" (patterns are globs over full names such as {sample})")
 
 
-def _spec(model, groups, by_key, seed, rng, max_literal, max_total):
+def _incomplete(steps, shape):
+    """Why a program does not write every element, or None."""
+    if not steps:
+        return "nothing writes it"
+    bad = [s for s in steps if not s.known]
+    if bad:
+        return bad[0].reason
+    if steps[0].region is not None and not regions.covers([s.region for s in steps], shape):
+        return f"only part of it, from region {list(steps[0].region)}"
+    return None
+
+
+def _real_problem(g, why):
+    return (f"{g.root} ({g.owner_class}): a real tensor on {g.tensor.device}, not meta, "
+            f"that the init code does not write completely ({why}); its values may be "
+            "uninitialized memory (a legacy constructor such as torch.Tensor(d, n) ignores "
+            "the meta device): build the model under materializer.meta_device(), or pass "
+            "keep_real=True to keep it as it is")
+
+
+def _resolve_norms(groups, by_key, problems):
+    """norm_of steps name their source's root; the norm must be of the
+    source's final program (its values when the norm was taken)."""
+    by_storage = {}
+    for g in groups:
+        if g.key in by_key:
+            by_storage[storage_key(by_key[g.key].base)] = g
+            by_storage[g.key] = g
+    for g in groups:
+        entry = by_key.get(g.key)
+        if entry is None:
+            continue
+        for i, step in enumerate(entry.steps):
+            if not step.known or step.scheme.kind != "norm_of":
+                continue
+            src = step.scheme.params["tensor"]
+            if isinstance(src, str):
+                continue
+            where = f"{g.root} ({g.owner_class})"
+            source = by_storage.get(storage_key(src))
+            if source is None:
+                problems.append(f"{where}: norm_except_dim of a tensor that is not one of "
+                                "the model's")
+                continue
+            origin = step.scheme.origin
+            then = origin[1] if isinstance(origin, tuple) and origin[0] == "norm_of" else None
+            now = [(s.scheme, s.region, s.reason) for s in by_key[source.key].steps]
+            if then is not None and then != now:
+                problems.append(f"{where}: the norm of {source.root}, taken before the init "
+                                f"code wrote {source.root} again (the server computes it "
+                                "from the final values)")
+                continue
+            entry.steps[i] = Step(schemes.Scheme(
+                "norm_of", {"tensor": source.root, "dim": step.scheme.params["dim"]}), step.region)
+
+
+def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
     problems = []
     tensors = []
     literal_total = 0
     has_shards = False
     shards = {}
+    _resolve_norms(groups, by_key, problems)
     for g in groups:
-        if not g.is_meta:
+        if g.key not in by_key:
             continue
         entry = by_key[g.key]
         steps = entry.steps
         where = f"{g.root} ({g.owner_class})"
         bad = [s for s in steps if not s.known]
+        if g.key in real:
+            why = _incomplete(steps, entry.shape)
+            if why is not None:
+                problems.append(_real_problem(g, why))
+                continue
         if not steps:
             problems.append(f"{where}: nothing initializes it (no constructor value "
                             "recorded, no reset_parameters, no init hook wrote it)")
@@ -339,7 +452,7 @@ def _spec(model, groups, by_key, seed, rng, max_literal, max_total):
             shards[g.key] = _shard_box(g)
             has_shards = True
     for s, g in slots_in_order(groups):
-        if not g.is_meta:
+        if g.key not in by_key:
             continue
         root = s.name == g.root
         tensors.append(TensorDesc(
@@ -347,7 +460,8 @@ def _spec(model, groups, by_key, seed, rng, max_literal, max_total):
             persistent=s.persistent, module_type=type(s.module).__name__,
             tie_to=None if root else g.root,
             steps=by_key[g.key].steps if root else (),
-            shard=shards.get(g.key), requires_grad=bool(g.tensor.requires_grad)))
+            shard=shards.get(g.key), requires_grad=bool(g.tensor.requires_grad),
+            real=g.key in real))
     if literal_total > max_total:
         problems.append(f"the model carries {literal_total:,} bytes of literal values, "
                         f"more than the {max_total:,}-byte limit per request")

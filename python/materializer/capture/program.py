@@ -10,6 +10,10 @@ inside its region, so the program a spec carries is the one that decides
 the values: `normal_` then `w[pad].zero_()` is two steps; `kaiming_uniform_`
 then `normal_` is one.
 
+Values derived from a draw (`torch.exp(torch.rand(n) * c)`) are a `Trace`:
+the draw and the elementwise ops applied to it so far, from which each
+value's program (a `map` scheme) is cut.
+
 Entries can also be *evaluated*: where every step that covers a region is
 a fill or computed scheme (zeros, constant, values, arange, ...), its values
 are computed here on the CPU, which is how values made by elementwise math
@@ -44,6 +48,66 @@ class Step:
 
 class Unknown(Exception):
     """The values asked for cannot be computed here; str() says why."""
+
+
+class Trace:
+    """One draw and the elementwise ops applied to values made from it, in
+    call order (not thread-safe; one recorder owns it).
+
+    Value 0 is the draw (`leaf`, a random Scheme over `shape`, in the
+    compute dtype `dtype`); op k (a dict as in a map scheme) makes value
+    k + 1. `folded[k]` is value k as one normal/uniform scheme when only
+    scalar affine ops led to it (`torch.randn(n) * 0.02` is normal(0,
+    0.02)); the chain itself is kept for the ops that are not affine.
+    """
+
+    def __init__(self, leaf, dtype, shape):
+        self.leaf = Scheme(leaf.kind, leaf.params)
+        self.dtype = dtype
+        self.shape = tuple(int(s) for s in shape)
+        self.ops = []
+        self.folded = {0: self.leaf} if leaf.kind in ("normal", "uniform") else {}
+
+    def add(self, op, folded=None):
+        """Appends `op`; returns the index of the value it makes."""
+        self.ops.append(dict(op))
+        index = len(self.ops)
+        if folded is not None:
+            self.folded[index] = folded
+        return index
+
+    def program(self, index):
+        """The ops value `index` needs, renumbered, in call order."""
+        needed = {index}
+        for k in range(index, 0, -1):
+            if k in needed:
+                op = self.ops[k - 1]
+                needed.add(op["x"])
+                if "y" in op:
+                    needed.add(op["y"])
+        kept = [k for k in range(1, index + 1) if k in needed]
+        number = {0: 0}
+        out = []
+        for k in kept:
+            op = dict(self.ops[k - 1])
+            op["x"] = number[op["x"]]
+            if "y" in op:
+                op["y"] = number[op["y"]]
+            out.append(op)
+            number[k] = len(out)
+        return out
+
+    def scheme(self, index):
+        """Value `index` as a scheme (with this trace as its origin): the
+        folded scheme when there is one, else the draw's map."""
+        origin = (self, index)
+        if index == 0:
+            return self.leaf.with_origin(origin)
+        folded = self.folded.get(index)
+        if folded is not None:
+            return folded.with_origin(origin)
+        return Scheme("map", {"init": self.leaf, "dtype": self.dtype,
+                              "ops": self.program(index)}, origin)
 
 
 class Entry:

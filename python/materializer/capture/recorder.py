@@ -12,9 +12,16 @@ seen before it runs:
   tensor (`.data`, `w[idx]`, `w[:, :k]`, `w.view(-1)`).
 - Values computed from known values are computed here too, on the CPU
   (factories such as `torch.arange` on the meta device, then elementwise
-  math), so a buffer filled with them carries the values; random
-  factories (`torch.randn`) stay symbolic, and a scalar affine map of them
+  math), so a buffer filled with them carries the values, read through
+  any view (`expand`, transposes, strided slices); random factories
+  (`torch.randn`) stay symbolic, and a scalar affine map of them
   (`torch.randn(n) * 0.02`) stays a scheme (normal(0, 0.02)).
+- Elementwise math on a draw (`exp`, `log`, `clamp`, `softplus`, `x ** c`,
+  arithmetic with constants or with other values of the same draw) is
+  kept as the exact chain of ops (a `Trace`), so a tensor written with it
+  gets a `map` step: the draw and the program the server runs over it.
+  `torch.norm_except_dim(v, 2, dim)` of a model tensor `v` (weight
+  normalization's g) becomes `norm_of`.
 - Anything else that writes a tracked tensor becomes an *unknown* step
   naming the op; describe() reports it unless a later step or an override
   covers it. Nothing is left uninitialized silently.
@@ -33,8 +40,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from materializer.capture import regions
-from materializer.capture.program import Entry, Unknown
-from materializer.capture.schemes import Scheme, recognize
+from materializer.capture.program import Entry, Trace, Unknown
+from materializer.capture.schemes import SHAPED, Scheme, recognize
 
 INIT_NAMES = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
               "zeros_", "eye_", "dirac_", "xavier_uniform_", "xavier_normal_",
@@ -43,9 +50,15 @@ _INIT_FUNCS = {getattr(torch.nn.init, n): n for n in INIT_NAMES}
 _INIT_CODES = {f.__code__: n for f, n in _INIT_FUNCS.items()}
 _INIT_SIGS = {n: inspect.signature(f) for f, n in _INIT_FUNCS.items()}
 
-# In-place methods that change no element values.
+# In-place methods that change no element values. Those that change the
+# tensor's geometry must run, or later shapes differ from torch's.
 _NON_DATA = frozenset({"requires_grad_", "retain_grad", "share_memory_",
-                       "rename_", "detach_", "pin_memory", "record_stream"})
+                       "rename_", "detach_", "pin_memory", "record_stream",
+                       "t_", "transpose_", "swapaxes_", "swapdims_", "squeeze_",
+                       "unsqueeze_", "as_strided_"})
+# In-place methods that give the tensor other memory: they run, and what
+# the tensor holds afterwards is not known.
+_RESIZE = frozenset({"resize_", "resize_as_", "set_"})
 _RANDOM_FACTORIES = {"randn": ("normal", {"mean": 0.0, "std": 1.0}),
                      "randn_like": ("normal", {"mean": 0.0, "std": 1.0}),
                      "rand": ("uniform", {"a": 0.0, "b": 1.0}),
@@ -65,6 +78,25 @@ _AFFINE_OPS = {
     "sub": "sub", "__sub__": "sub", "sub_": "sub", "__isub__": "sub", "__rsub__": "rsub",
     "neg": "neg", "__neg__": "neg", "neg_": "neg"}
 _AFFINE = frozenset(_AFFINE_OPS)
+
+# Elementwise ops followed on values derived from a draw, by name (method,
+# function, in-place and operator forms) -> ElementwiseOp kind.
+_UNARY_OPS = {n: k for k in ("exp", "log", "expm1", "log1p", "sqrt", "reciprocal")
+              for n in (k, k + "_")}
+_UNARY_OPS.update({n: "neg" for n in ("neg", "neg_", "negative", "negative_", "__neg__")})
+_BINARY_OPS = {n: k for k, names in {
+    "add": ("add", "add_", "__add__", "__radd__", "__iadd__"),
+    "sub": ("sub", "sub_", "__sub__", "__isub__", "subtract", "subtract_"),
+    "mul": ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply", "multiply_"),
+    "div": ("div", "div_", "__truediv__", "__itruediv__", "__div__", "__idiv__",
+            "true_divide", "true_divide_", "divide", "divide_"),
+    "pow": ("pow", "pow_", "__pow__", "__ipow__")}.items() for n in names}
+_REVERSED = {"__rsub__": "sub", "rsub": "sub"}     # other - self
+_RDIV = frozenset({"__rtruediv__", "__rdiv__"})    # other / self: torch runs reciprocal, mul
+_CLAMPS = frozenset({"clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_",
+                     "clamp_max", "clamp_max_"})
+_ELEMENTWISE = frozenset(_UNARY_OPS) | frozenset(_BINARY_OPS) | frozenset(_REVERSED) \
+    | _RDIV | _CLAMPS | {"softplus"}
 
 
 _WRAPPERS = {}   # id(function) -> (function, init name or None)
@@ -177,9 +209,26 @@ class Recorder(TorchFunctionMode):
         e = self.entry_of(x)
         if e is None:
             raise Unknown("a meta tensor whose values are unknown here")
-        box = self.box_of(x, e)
+        try:
+            box = regions.locate(x, e.base)
+        except regions.NotABox:
+            # expand, strided slices, diagonals: the same view of all of it.
+            return self.view_in(x, e, e.evaluate(None, self.limit))
         vals = e.evaluate(box.region, self.limit)
         return box.view(vals)
+
+    def view_in(self, x, entry, full):
+        """`x` (a view of entry's storage, of any geometry) as the same view
+        of `full`, a contiguous CPU tensor of entry's values."""
+        base = entry.base
+        if x.dtype.itemsize != base.dtype.itemsize:
+            raise Unknown("a view with another element size than the tensor")
+        offset = x.storage_offset() - base.storage_offset()
+        last = offset + sum((n - 1) * st for n, st in zip(x.shape, x.stride()) if n > 0)
+        if x.numel() and (offset < 0 or last >= base.numel()):
+            raise Unknown("a view that reaches outside the tensor")
+        src = full if full.dtype == x.dtype else full.view(x.dtype)
+        return src.as_strided(tuple(x.shape), tuple(x.stride()), offset)
 
     # -- the mode ----------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -192,6 +241,13 @@ class Recorder(TorchFunctionMode):
                 done, result = self._init_call(init_name, args, kwargs)
             return result if done else func(*args, **kwargs)
         name = _name(func)
+        if name in _RESIZE:
+            out = func(*args, **kwargs)
+            with _quiet():
+                entry = self.entry_of(args[0]) if args else None
+                if entry is not None:
+                    entry.unknown(None, f"torch.Tensor.{name} gave it other memory")
+            return out
         target = self._write_target(name, args, kwargs)
         if target is not None:
             with _quiet():
@@ -280,12 +336,14 @@ class Recorder(TorchFunctionMode):
     def _record_write(self, name, func, entry, target, args, kwargs):
         try:
             self._write(name, func, entry, target, args, kwargs)
-        except Unknown as e:
+        except Exception as e:  # noqa: BLE001 - every failure names the op
+            why = str(e) if isinstance(e, Unknown) else \
+                f"the recorder could not follow it ({type(e).__name__}: {e})"
             try:
                 region = self.box_of(target, entry).region
             except Unknown:
                 region = None
-            entry.unknown(region, f"torch.Tensor.{name}: {e}")
+            entry.unknown(region, f"torch.Tensor.{name}: {why}")
 
     def _write(self, name, func, entry, target, args, kwargs):
         if name == "data.__set__":
@@ -295,7 +353,12 @@ class Recorder(TorchFunctionMode):
             if storage_key(sub) != storage_key(target):
                 return self._compute_write(name, func, entry, target, args, kwargs)
             return self._copy(sub, args[2], "x[i] = value")
-        box = self.box_of(target, entry)
+        try:
+            box = self.box_of(target, entry)
+        except Unknown as not_box:
+            if name in ("normal_", "uniform_"):
+                raise
+            return self._compute_write(name, func, entry, target, args, kwargs, not_box)
         if box.numel == 0:
             return
         if name == "normal_":
@@ -313,8 +376,14 @@ class Recorder(TorchFunctionMode):
             return entry.write(_constant(value), box.region)
         if name == "copy_":
             return self._copy(target, _arg(args, kwargs, 1, "src", None), "copy_")
-        if name in _AFFINE and self._affine_write(name, entry, box, args, kwargs):
-            return
+        if name in _ELEMENTWISE:
+            got = self._derive(name, args, kwargs)
+            if got is not None:
+                trace, index = got
+                if trace.dtype != entry.dtype:
+                    raise Unknown(f"an op in {entry.dtype} on values derived from a "
+                                  f"{trace.dtype} draw")
+                return entry.write(trace.scheme(index), box.region)
         return self._compute_write(name, func, entry, target, args, kwargs)
 
     def _copy(self, target, src, what):
@@ -322,7 +391,12 @@ class Recorder(TorchFunctionMode):
         entry = self.entry_of(target)
         if entry is None:  # a protected real tensor: nothing to record
             return
-        box = self.box_of(target, entry)
+        try:
+            box = self.box_of(target, entry)
+        except Unknown as not_box:
+            vals = src if not isinstance(src, torch.Tensor) else self._source_values(src, what)
+            return self._strided_write(entry, target, lambda view: view.copy_(
+                vals if isinstance(vals, torch.Tensor) else torch.tensor(vals)), not_box)
         if box.numel == 0:
             return
         if not isinstance(src, torch.Tensor):
@@ -331,10 +405,13 @@ class Recorder(TorchFunctionMode):
             src_entry = self.entry_of(src)
             if src_entry is None:
                 raise Unknown(f"{what} from a meta tensor whose values are unknown")
-            src_box = self.box_of(src, src_entry)
             try:
                 vals = self.values_of(src)
             except Unknown as why:
+                derived = self._derived(src)
+                if derived is not None:
+                    return self._write_derived(entry, box, target, src, derived)
+                src_box = self.box_of(src, src_entry)
                 step = src_entry.single_step(src_box.region)
                 if (step is not None and step.known and tuple(src.shape) == tuple(target.shape)):
                     return entry.write(step.scheme, box.region)
@@ -347,24 +424,201 @@ class Recorder(TorchFunctionMode):
         box.view(out).copy_(vals.cpu() if vals.device.type != "cpu" else vals)
         entry.write(_literal(out), box.region)
 
-    def _affine_write(self, name, entry, box, args, kwargs):
-        """`x op c` in place on a region that holds one random step."""
-        step = entry.single_step(box.region)
-        if step is None or not step.known or not step.scheme.random:
-            return False
-        if "rounding_mode" in kwargs:
-            return False
-        other = _arg(args, kwargs, 1, "other", None)
-        alpha = kwargs.get("alpha", 1)
-        folded = fold_affine(step.scheme, name, other, alpha, self)
-        if folded is None:
-            return False
-        entry.write(folded, box.region)
-        return True
+    def _source_values(self, src, what):
+        if src.device.type != "meta":
+            return src.detach().cpu()
+        try:
+            return self.values_of(src)
+        except Unknown as why:
+            raise Unknown(f"{what} of values that are not known here ({why}) through "
+                          "a view that is not a box of the tensor") from None
 
-    def _compute_write(self, name, func, entry, target, args, kwargs):
+    def _strided_write(self, entry, target, write, not_box):
+        """A write through a view that is not a box (`w[::2]`, an expand, a
+        diagonal): done here on the tensor's values, which must be known
+        where the view does not write."""
+        n = math.prod(entry.shape)
+        if n > self.limit:
+            raise not_box
+        try:
+            current = entry.evaluate(None, self.limit)
+        except Unknown as why:
+            index = self.view_in(target, entry, torch.arange(n).reshape(entry.shape))
+            if index.unique().numel() != n:
+                raise Unknown(f"{not_box}; the rest of it is not known here ({why})") from None
+            current = torch.zeros(entry.shape, dtype=entry.dtype)
+        write(self.view_in(target, entry, current))
+        entry.write(_literal(current), None)
+
+    def _write_derived(self, entry, box, target, src, derived):
+        """`target <- src` where src holds values derived from a draw."""
+        trace, index = derived
+        if not box.natural:
+            raise Unknown("values derived from a draw copied through a transposed or "
+                          "broadcast view")
+        squeeze = [d for d in src.shape if d != 1], [d for d in target.shape if d != 1]
+        if squeeze[0] != squeeze[1]:
+            raise Unknown(f"values derived from a draw of shape {list(src.shape)} "
+                          f"broadcast to {list(target.shape)}")
+        if trace.leaf.kind in SHAPED and tuple(trace.shape) != tuple(box.shape):
+            raise Unknown(f"{trace.leaf!r} drawn with shape {list(trace.shape)}, "
+                          f"which its parameters depend on, written to a region of "
+                          f"shape {list(box.shape)}")
+        scheme = trace.scheme(index)
+        if trace.dtype != entry.dtype:
+            scheme = scheme.with_origin(None)   # later ops run in another dtype
+        entry.write(scheme, box.region)
+
+    # -- values derived from a draw ---------------------------------------------------
+    def _derived(self, x):
+        """(Trace, index) when `x` (a meta tensor) holds a draw or values
+        derived from one, exactly over what it views; None when it does not.
+        Raises Unknown for such values that cannot be followed."""
+        if not isinstance(x, torch.Tensor) or x.device.type != "meta":
+            return None
+        e = self.entry_of(x)
+        if e is None:
+            return None
+        try:
+            box = self.box_of(x, e)
+        except Unknown:
+            return None
+        step = e.single_step(box.region)
+        if step is None or not step.known or not step.scheme.random:
+            return None
+        s = step.scheme
+        if isinstance(s.origin, tuple) and isinstance(s.origin[0], Trace):
+            trace, index = s.origin
+        elif s.kind == "map":
+            raise Unknown("elementwise ops on values derived from a draw after a cast "
+                          "to another dtype")
+        else:
+            trace, index = Trace(s, e.dtype, box.shape), 0
+            step.scheme = s.with_origin((trace, 0))
+        if trace.dtype != e.dtype:
+            raise Unknown(f"values derived from a {trace.dtype} draw, held as {e.dtype}")
+        if not box.natural or math.prod(trace.shape) != box.numel:
+            raise Unknown("elementwise ops on a transposed or broadcast view of values "
+                          "derived from a draw")
+        return trace, index
+
+    def _constant_operand(self, v):
+        if isinstance(v, bool) or v is None:
+            raise Unknown(f"an operand {v!r}")
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, torch.Tensor):
+            vals = self.values_of(v)
+            if vals.numel() != 1 or vals.is_complex() or vals.dtype == torch.bool:
+                raise Unknown("an operand whose values vary per element (a program "
+                              "takes constants and values of the same draw)")
+            return float(vals.reshape(-1)[0].item())
+        raise Unknown(f"an operand of type {type(v).__name__}")
+
+    def _derive(self, name, args, kwargs):
+        """(Trace, index) of the value the elementwise op `name` makes when
+        it reads values derived from a draw; None when it reads none (or
+        is not such an op). Raises Unknown when it cannot be followed."""
+        if name not in _ELEMENTWISE or not args or kwargs.get("out") is not None:
+            return None
+        x = args[0]
+        if name in _UNARY_OPS or name == "softplus" or name in _CLAMPS:
+            got = self._derived(x)
+            if got is None:
+                return None
+            trace, i = got
+            if name in _UNARY_OPS:
+                if len(args) > 1 or any(k != "out" for k in kwargs):
+                    raise Unknown(f"{name} with arguments")
+                return trace, self._append(trace, {"kind": _UNARY_OPS[name], "x": i})
+            if name == "softplus":
+                beta = _arg(args, kwargs, 1, "beta", 1.0)
+                threshold = _arg(args, kwargs, 2, "threshold", 20.0)
+                if beta != 1 or threshold != 20:
+                    raise Unknown("softplus with beta or threshold other than 1 and 20")
+                return trace, self._append(trace, {"kind": "softplus", "x": i})
+            if name.startswith("clamp_min"):
+                lo, hi = _arg(args, kwargs, 1, "min", None), None
+            elif name.startswith("clamp_max"):
+                lo, hi = None, _arg(args, kwargs, 1, "max", None)
+            else:
+                lo, hi = _arg(args, kwargs, 1, "min", None), _arg(args, kwargs, 2, "max", None)
+            op = {"kind": "clamp", "x": i}
+            if lo is not None:
+                op["min"] = self._constant_operand(lo)
+            if hi is not None:
+                op["max"] = self._constant_operand(hi)
+            if lo is None and hi is None:
+                raise Unknown(f"{name} without bounds")
+            return trace, self._append(trace, op)
+        # Binary: self op other (other op self for the reversed forms).
+        other = _arg(args, kwargs, 1, "exponent" if "pow" in name else "other", None)
+        if kwargs.get("alpha", 1) != 1 or kwargs.get("rounding_mode") is not None:
+            raise Unknown(f"{name} with alpha or rounding_mode")
+        dx = self._derived(x)
+        dy = self._derived(other)
+        if dx is None and dy is None:
+            return None
+        if dx is not None and dy is not None and dx[0] is not dy[0]:
+            raise Unknown(f"{name} combines values of two different random draws")
+        trace = (dx or dy)[0]
+        if name in _RDIV:   # other / x: what torch's __rdiv__ runs
+            if dx is None:
+                return None
+            r = self._append(trace, {"kind": "reciprocal", "x": dx[1]})
+            if dy is not None:
+                return trace, self._append(trace, {"kind": "mul", "x": r, "y": dy[1]})
+            return trace, self._append(trace, {"kind": "mul", "x": r,
+                                               "c": self._constant_operand(other)})
+        kind = _REVERSED.get(name) or _BINARY_OPS[name]
+        first, second = (other, x) if name in _REVERSED else (x, other)
+        d1, d2 = (dy, dx) if name in _REVERSED else (dx, dy)
+        if d1 is not None and d2 is not None:
+            return trace, self._append(trace, {"kind": kind, "x": d1[1], "y": d2[1]})
+        if d1 is not None:
+            return trace, self._append(trace, {"kind": kind, "x": d1[1],
+                                               "c": self._constant_operand(second)})
+        c = self._constant_operand(first)
+        if kind == "pow":
+            raise Unknown("a constant to the power of values derived from a draw")
+        op = {"kind": kind, "x": d2[1], "c": c}
+        if kind in ("sub", "div"):
+            op["constant_first"] = True
+        return trace, self._append(trace, op)
+
+    @staticmethod
+    def _append(trace, op):
+        """Adds `op` to the trace, with its affine fold when there is one."""
+        folded = None
+        f = trace.folded.get(op["x"])
+        if f is not None and "y" not in op:
+            affine = {"add": "add", "mul": "mul", "neg": "neg",
+                      "sub": "__rsub__" if op.get("constant_first") else "sub",
+                      "div": None if op.get("constant_first") else "div"}.get(op["kind"])
+            if affine is not None:
+                folded = fold_affine(f, affine, op.get("c"), 1, None)
+        return trace.add(op, folded)
+
+    def _compute_write(self, name, func, entry, target, args, kwargs, not_box=None):
         """Any other in-place op: computed here when every value it reads
         is known."""
+        def sub_of(view):
+            def sub(x):
+                if x is target:
+                    return view
+                if isinstance(x, torch.Tensor) and x.device.type == "meta":
+                    return self.values_of(x)
+                if isinstance(x, torch.device) or (isinstance(x, str) and x == "meta"):
+                    return torch.device("cpu")
+                return x
+            return sub
+
+        if not_box is not None:
+            def write(view):
+                cargs, ckwargs = tree_map(sub_of(view), (args, kwargs))
+                with torch.no_grad():
+                    func(*cargs, **ckwargs)
+            return self._strided_write(entry, target, write, not_box)
         box = self.box_of(target, entry)
         if kwargs.get("out") is target:
             # The call writes every element of `out`: its old values do not matter.
@@ -410,6 +664,9 @@ class Recorder(TorchFunctionMode):
                 e.write(*self._new_value(name, func, args, kwargs, inputs, o, out))
             except Unknown as why:
                 e.unknown(None, f"{name}: {why}")
+            except Exception as why:  # noqa: BLE001 - named where it is used
+                e.unknown(None, f"{name}: the recorder could not follow it "
+                                f"({type(why).__name__}: {why})")
 
     def _new_value(self, name, func, args, kwargs, inputs, o, out):
         """(scheme, None) for a new meta tensor, or raises Unknown."""
@@ -423,20 +680,34 @@ class Recorder(TorchFunctionMode):
         if name in _RANDOM_FACTORIES:
             kind, params = _RANDOM_FACTORIES[name]
             return Scheme(kind, params), None
+        if name in ("new", "new_tensor"):
+            return self._legacy_new(name, args, kwargs, o), None
         metas = [x for x in inputs if x.device.type == "meta"]
-        if len(metas) == 1 and out is o and name in (_IDENTITY | _AFFINE):
-            src = metas[0]
-            entry = self.entry_of(src)
-            if entry is not None:
-                step = entry.single_step(self.box_of(src, entry).region)
-                if step is not None and step.known and step.scheme.random:
-                    if name in _IDENTITY and tuple(src.shape) == tuple(o.shape):
-                        return step.scheme, None
-                    if name in _AFFINE and args and args[0] is src and "rounding_mode" not in kwargs:
-                        folded = fold_affine(step.scheme, name, _arg(args, kwargs, 1, "other", None),
-                                             kwargs.get("alpha", 1), self)
-                        if folded is not None and tuple(src.shape) == tuple(o.shape):
-                            return folded, None
+        if len(metas) == 1 and out is o and name in _IDENTITY:
+            got = self._derived(metas[0])
+            if got is not None:
+                trace, index = got
+                if o.numel() != math.prod(trace.shape):
+                    raise Unknown("its shape differs from the draw's")
+                if o.dtype == trace.dtype:
+                    return trace.scheme(index), None
+                if index == 0 and tuple(o.shape) == trace.shape:
+                    return trace.leaf, None   # the draw, in another dtype
+                raise Unknown(f"values derived from a draw cast from {trace.dtype} to {o.dtype}")
+        if out is o and name in _ELEMENTWISE:
+            got = self._derive(name, args, kwargs)
+            if got is not None:
+                trace, index = got
+                if o.dtype != trace.dtype:
+                    raise Unknown(f"it makes {o.dtype} from values derived from a "
+                                  f"{trace.dtype} draw")
+                if o.numel() != math.prod(trace.shape):
+                    raise Unknown("it broadcasts values derived from a draw")
+                return trace.scheme(index), None
+        if name == "norm_except_dim" and metas:
+            norm = self._norm_of(args, kwargs)
+            if norm is not None:
+                return norm, None
         if o.numel() > self.limit:
             raise Unknown(f"{o.numel():,} elements are more than the {self.limit:,} "
                           "this process computes values for")
@@ -466,6 +737,43 @@ class Recorder(TorchFunctionMode):
                     raise Unknown("its computed shape differs")
                 return _literal(c.to(o.dtype).contiguous()), None
         raise Unknown("could not compute it here")
+
+
+    def _legacy_new(self, name, args, kwargs, o):
+        """`x.new(sizes)` (uninitialized), `x.new(data)`, `x.new_tensor(data)`:
+        what they make does not depend on x's values."""
+        rest = args[1:]
+        if name == "new" and all(isinstance(a, int) and not isinstance(a, bool) for a in rest) \
+                or (len(rest) == 1 and isinstance(rest[0], torch.Size)):
+            if o.numel() == 0:
+                return Scheme("zeros")
+            raise Unknown("uninitialized memory (Tensor.new)")
+        data = rest[0] if rest else kwargs.get("data")
+        if isinstance(data, torch.Tensor):
+            data = self.values_of(data)
+        return _literal(torch.tensor(data, dtype=o.dtype).reshape(o.shape))
+
+    def _norm_of(self, args, kwargs):
+        """`torch.norm_except_dim(v, 2, dim)` of a tensor whose values are not
+        known here: norm_of, when v is a whole tracked tensor; else None."""
+        v = args[0]
+        try:
+            self.values_of(v)
+            return None   # known values: computed as usual
+        except Unknown:
+            pass
+        e = self.entry_of(v)
+        if e is None:
+            return None
+        box = self.box_of(v, e)
+        if not box.whole or tuple(v.shape) != e.shape or not v.is_contiguous():
+            raise Unknown("norm_except_dim of a part or a view of a tensor")
+        if _arg(args, kwargs, 1, "pow", 2) != 2:
+            raise Unknown("norm_except_dim with a pow other than 2")
+        dim = int(_arg(args, kwargs, 2, "dim", 0))
+        # The source's program now: its norm is of these values.
+        snapshot = ("norm_of", [(s.scheme, s.region, s.reason) for s in e.steps])
+        return Scheme("norm_of", {"tensor": e.base, "dim": dim}, origin=snapshot)
 
 
 # -- helpers ---------------------------------------------------------------------------

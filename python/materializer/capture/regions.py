@@ -53,6 +53,16 @@ class Box:
     def numel(self):
         return math.prod(self.shape)
 
+    @property
+    def natural(self):
+        """Whether the view's elements, in row-major order, are the box's
+        in row-major order (no transposition, no broadcast): then an
+        elementwise program over the box is one over the view."""
+        if self._offset != 0 or math.prod(self._sizes) != self.numel:
+            return False
+        want = contiguous_strides(self._sizes)
+        return all(st == w for sz, st, w in zip(self._sizes, self._strides, want) if sz > 1)
+
 
 def locate(x, base):
     """The Box of `x` (a tensor sharing `base`'s storage) in `base`

@@ -5,6 +5,21 @@ A scheme is a `Scheme(kind, params)`: `kind` is the InitScheme oneof name
 proto form (`{"mean": 0.0, "std": 0.02}`). `values` carries a CPU tensor
 (the literal elements, in the tensor's dtype) until the spec is built.
 
+Two kinds are derived values (docs/init.md, "Derived values"):
+
+- `Scheme("map", {"init": leaf, "dtype": torch.float32, "ops": [op, ...]})`:
+  an elementwise program over what `leaf` (a Scheme: the draw) makes, in
+  the compute dtype `dtype`. Each op is a dict in the fields of
+  ElementwiseOp: `{"kind": "mul", "x": 0, "c": 4.6}` (`kind` the enum name
+  in lower case; `x` an earlier value; `y` another earlier value or `c` a
+  constant; `"constant_first": True` for `c - x`, `c / x`; `min`/`max` for
+  clamp). Value 0 is the leaf's, op k makes value k + 1, the step writes
+  the last one. It is a step of its own: InitStep(init=leaf, map=...).
+- `Scheme("norm_of", {"tensor": name, "dim": d})`: the 2-norm of another
+  tensor's final values over every dim but `d` (weight normalization's g).
+  While recording, `tensor` is the source's meta tensor; describe() puts
+  its name in.
+
 The helpers (`normal(std=0.02)`, `zeros()`, ...) are what `overrides=`
 takes, next to protocol InitScheme messages and their JSON mapping.
 """
@@ -20,25 +35,49 @@ from materializer._proto import pb
 RANDOM = frozenset({"uniform", "normal", "trunc_normal", "xavier_uniform",
                     "xavier_normal", "kaiming_uniform", "kaiming_normal",
                     "orthogonal", "sparse"})
+# Schemes whose parameters depend on the tensor's shape (fans, rows).
+SHAPED = frozenset({"xavier_uniform", "xavier_normal", "kaiming_uniform",
+                    "kaiming_normal", "orthogonal", "sparse", "eye", "dirac"})
+# ElementwiseOp kinds, in the enum's order (lower case).
+OP_KINDS = ("add", "sub", "mul", "div", "pow", "neg", "exp", "log", "expm1",
+            "log1p", "sqrt", "reciprocal", "clamp", "softplus")
 
 
 class Scheme:
-    """One init scheme with its parameters (immutable)."""
+    """One init scheme with its parameters (immutable).
 
-    __slots__ = ("kind", "params")
+    `origin` is the recorder's note of where the values came from (the
+    draw and the ops on it so far, or a norm's source as it was); it is
+    not part of the scheme: equality and the protocol form ignore it."""
 
-    def __init__(self, kind, params=None):
+    __slots__ = ("kind", "params", "origin")
+
+    def __init__(self, kind, params=None, origin=None):
         self.kind = kind
         self.params = dict(params or {})
+        self.origin = origin
+
+    def with_origin(self, origin):
+        return Scheme(self.kind, self.params, origin)
 
     @property
     def random(self):
-        return self.kind in RANDOM
+        """Whether the values depend on a draw (so they are not known here)."""
+        return self.kind in RANDOM or self.kind == "map"
 
     def __repr__(self):
         if self.kind == "values":
             t = self.params["data"]
             return f"values({t.numel()} x {str(t.dtype).replace('torch.', '')})"
+        if self.kind == "map":
+            p = self.params
+            ops = ", ".join(describe_op(k + 1, op) for k, op in enumerate(p["ops"]))
+            dtype = str(p["dtype"]).replace("torch.", "")
+            return f"map({p['init']!r} as {dtype}: {ops})"
+        if self.kind == "norm_of":
+            src = self.params["tensor"]
+            src = "<tensor>" if isinstance(src, torch.Tensor) else src
+            return f"norm_of({src}, dim={self.params.get('dim', 0)})"
         inner = ", ".join(f"{k}={_fmt(v)}" for k, v in self.params.items())
         return f"{self.kind}({inner})"
 
@@ -62,6 +101,15 @@ class Scheme:
             blob = raw.view(torch.uint8).numpy().tobytes() if raw.numel() else b""
             msg.values.data = blob
             return msg
+        if self.kind == "map":
+            raise ValueError("a map is a step of its own (InitStep.map): use map_proto()")
+        if self.kind == "norm_of":
+            src = self.params["tensor"]
+            if not isinstance(src, str):
+                raise ValueError("norm_of names its source tensor only once the spec is built")
+            msg.norm_of.tensor = src
+            msg.norm_of.dim = int(self.params.get("dim", 0))
+            return msg
         sub = getattr(msg, self.kind)
         sub.SetInParent()
         for key, value in self.params.items():
@@ -76,6 +124,67 @@ class Scheme:
             else:
                 setattr(sub, key, value)
         return msg
+
+
+    def map_proto(self):
+        """(InitScheme of the leaf, Elementwise) of a map (InitStep's init
+        and map)."""
+        from materializer.capture.spec import dtype_name
+        p = self.params
+        program = pb.Elementwise(dtype=dtype_name(p["dtype"]))
+        for op in p["ops"]:
+            m = program.ops.add(kind=OP_KINDS.index(op["kind"]) + 1, x=op["x"])
+            if "y" in op:
+                m.y = op["y"]
+            elif "c" in op:
+                m.c = float(op["c"])
+            if op.get("constant_first"):
+                m.constant_first = True
+            if op.get("min") is not None:
+                m.min = float(op["min"])
+            if op.get("max") is not None:
+                m.max = float(op["max"])
+        return p["init"].to_proto(p["dtype"]), program
+
+
+def map_from_proto(leaf, program, tensor_dtype):
+    """The map Scheme of an InitStep (leaf: its init as a Scheme)."""
+    from materializer.capture.spec import DTYPES
+    dtype = DTYPES[program.dtype] if program.dtype else tensor_dtype
+    ops = []
+    for m in program.ops:
+        op = {"kind": OP_KINDS[m.kind - 1], "x": m.x}
+        which = m.WhichOneof("other")
+        if which == "y":
+            op["y"] = m.y
+        elif which == "c":
+            op["c"] = m.c
+        if m.constant_first:
+            op["constant_first"] = True
+        if m.HasField("min"):
+            op["min"] = m.min
+        if m.HasField("max"):
+            op["max"] = m.max
+        ops.append(op)
+    return Scheme("map", {"init": leaf, "dtype": dtype, "ops": ops})
+
+
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+
+
+def describe_op(index, op):
+    """`v3 = v2 * 4.6`, `v5 = clamp(v4, min=0.0001)`: one op of a map."""
+    x = f"v{op['x']}"
+    kind = op["kind"]
+    if kind in _SYMBOLS:
+        other = f"v{op['y']}" if "y" in op else _fmt(float(op["c"]))
+        a, b = (other, x) if op.get("constant_first") else (x, other)
+        return f"v{index} = {a} {_SYMBOLS[kind]} {b}"
+    if kind == "clamp":
+        bounds = ", ".join(f"{k}={_fmt(float(op[k]))}" for k in ("min", "max")
+                           if op.get(k) is not None)
+        return f"v{index} = clamp({x}, {bounds})"
+    return f"v{index} = {kind}({x})"
 
 
 def _fmt(v):
@@ -157,6 +266,8 @@ def from_proto(msg):
     if kind == "values":
         raise ValueError("pass literal values as a tensor, not InitScheme.values")
     sub = getattr(msg, kind)
+    if kind == "norm_of":
+        return Scheme("norm_of", {"tensor": sub.tensor, "dim": int(sub.dim)})
     params = {}
     for field, value in sub.ListFields():
         if field.name == "gain":

@@ -14,7 +14,7 @@ import torch
 
 from materializer._proto import pb
 from materializer.capture.program import Step
-from materializer.capture.schemes import Scheme, from_proto
+from materializer.capture.schemes import Scheme, from_proto, map_from_proto
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64,
@@ -40,12 +40,14 @@ class TensorDesc:
     shape: the full tensor's shape (for a shard too). steps: the init
     program (a list of Step; empty for a tie). tie_to: the root name for a
     tied name. shard: this process's box of the full tensor ((offset,
-    length) per dim) or None.
+    length) per dim) or None. real: the module held a real (non-meta)
+    tensor here that describe() found fully written by the init code, so
+    loading replaces it (not part of the protocol form).
     """
 
     def __init__(self, name, shape, dtype, kind="parameter", persistent=True,
                  module_type="", tie_to=None, steps=(), shard=None,
-                 requires_grad=False):
+                 requires_grad=False, real=False):
         self.name = name
         self.shape = tuple(int(s) for s in shape)
         self.dtype = dtype
@@ -56,6 +58,7 @@ class TensorDesc:
         self.steps = list(steps)
         self.shard = tuple(shard) if shard is not None else None
         self.requires_grad = requires_grad
+        self.real = real
 
     @property
     def numel(self):
@@ -84,12 +87,18 @@ class TensorDesc:
             t.persistent = self.persistent
         if self.tie_to:
             t.tie_to = self.tie_to
-        elif len(self.steps) == 1 and self.steps[0].region is None:
+        elif (len(self.steps) == 1 and self.steps[0].region is None
+              and self.steps[0].scheme.kind != "map"):
             t.init.CopyFrom(self.steps[0].scheme.to_proto(self.dtype))
         else:
             for step in self.steps:
                 s = t.init_steps.add()
-                s.init.CopyFrom(step.scheme.to_proto(self.dtype))
+                if step.scheme.kind == "map":
+                    leaf, program = step.scheme.map_proto()
+                    s.init.CopyFrom(leaf)
+                    s.map.CopyFrom(program)
+                else:
+                    s.init.CopyFrom(step.scheme.to_proto(self.dtype))
                 if step.region is not None:
                     for o, l in step.region:
                         s.region.add(offset=o, length=l)
@@ -144,12 +153,20 @@ class Spec:
         parts one by one gives the bytes of the whole."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, not {max_bytes}")
+        # A norm_of reads its source's values: the two go in one part,
+        # where the first of them comes.
+        together = self._norm_groups()
         part_of, count, size = {}, 0, 0
         for t in self.roots:
-            if count == 0 or (size and size + t.nbytes > max_bytes):
+            if t.name in part_of:
+                continue
+            members = together.get(t.name, [t])
+            nbytes = sum(m.nbytes for m in members)
+            if count == 0 or (size and size + nbytes > max_bytes):
                 count, size = count + 1, 0
-            part_of[t.name] = count - 1
-            size += t.nbytes
+            for m in members:
+                part_of[m.name] = count - 1
+            size += nbytes
         if count <= 1:
             return [self]
         members = [[] for _ in range(count)]
@@ -163,6 +180,31 @@ class Spec:
             parts.append(Spec(tensors, seed=self.seed, rng=self.rng,
                               modules=[m for m in self.modules if m[0] in owners]))
         return parts
+
+    def _norm_groups(self):
+        """{root name: [roots]} for roots linked by norm_of (a norm and its
+        source, through ties), in spec order; others are absent."""
+        parent = {}
+
+        def find(n):
+            while parent.get(n, n) != n:
+                n = parent[n]
+            return n
+
+        for t in self.roots:
+            for s in t.steps:
+                if s.scheme is not None and s.scheme.kind == "norm_of":
+                    src = self._by_name.get(s.scheme.params["tensor"])
+                    if src is not None:
+                        a, b = find(t.name), find(self._root(src).name)
+                        if a != b:
+                            parent[a] = b
+        if not parent:
+            return {}
+        groups = collections.defaultdict(list)
+        for t in self.roots:
+            groups[find(t.name)].append(t)
+        return {t.name: g for g in groups.values() if len(g) > 1 for t in g}
 
     def _root(self, t):
         seen = set()
@@ -229,7 +271,10 @@ class Spec:
             for s in t.init_steps:
                 region = tuple((r.offset, r.length) for r in s.region) or None
                 shape = [l for _, l in region] if region else list(t.shape)
-                steps.append(Step(_scheme(s.init, dtype, shape), region))
+                scheme = _scheme(s.init, dtype, shape)
+                if s.HasField("map"):
+                    scheme = map_from_proto(scheme, s.map, dtype)
+                steps.append(Step(scheme, region))
             shard = None
             if t.shard.box:
                 shard = tuple((r.offset, r.length) for r in t.shard.box)

@@ -10,7 +10,9 @@ destination tensor per root name of the spec:
 - A DTensor's local shard becomes real (DTensor.from_local with the same
   mesh and placements); a module wrapped by FSDP2 (fully_shard) goes
   through its own to_empty, which FSDP2 supports.
-- Real tensors of a partly meta model are not touched.
+- Real tensors of a partly meta model are not touched, unless describe()
+  described them (`TensorDesc.real`: the init code writes all of it, so
+  they are replaced like meta ones).
 
 Or `Targets.adopt(views)` points the module at tensors that already hold
 the values (zero-copy exports).
@@ -31,7 +33,8 @@ def _is_fsdp(model):
 
 
 class Targets:
-    """The meta groups of `model` that `spec` describes (by root name)."""
+    """The meta groups of `model` that `spec` describes (by root name), and
+    the real ones it says describe() described."""
 
     def __init__(self, model, spec):
         self.model = model
@@ -43,7 +46,7 @@ class Targets:
             g = by_name.get(desc.name)
             if g is None:
                 raise LoadError(f"the spec names {desc.name}, which the module does not have")
-            if not g.is_meta:
+            if not g.is_meta and (g.dtensor or not desc.real):
                 raise LoadError(f"{desc.name} is not on the meta device any more "
                                 "(was the model materialized already?)")
             if tuple(g.tensor.shape) != desc.shape or g.tensor.dtype != desc.dtype:
