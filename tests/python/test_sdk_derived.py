@@ -91,6 +91,22 @@ def test_legacy_constructors_under_meta_device_make_meta_tensors_that_are_descri
     assert "__new__" not in torch.Tensor.__dict__
 
 
+def test_legacy_data_read_back_in_a_constructor_gives_its_values():
+    """Hugging Face's BiT builds `torch.Tensor(np.linspace(...)).split(...)`
+    and calls `.tolist()`: values known here are read back as on the CPU."""
+    class Rates(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rates = [x.tolist() for x in torch.Tensor([0.0, 0.25, 0.5, 0.75]).split([1, 3])]
+            self.count = int(torch.arange(5).sum().item())
+            self.w = nn.Parameter(torch.ones(2))
+
+    with mz.meta_device():
+        m = Rates()
+    assert m.rates == [[0.0], [0.25, 0.5, 0.75]] and m.count == 10
+    assert steps(mz.describe(m), "w") == [("ones", {}, None)]
+
+
 def test_legacy_constructors_are_restored_after_an_exception_and_per_thread():
     original = torch.FloatTensor
     with pytest.raises(RuntimeError, match="boom"):

@@ -56,6 +56,11 @@ _NON_DATA = frozenset({"requires_grad_", "retain_grad", "share_memory_",
                        "rename_", "detach_", "pin_memory", "record_stream",
                        "t_", "transpose_", "swapaxes_", "swapdims_", "squeeze_",
                        "unsqueeze_", "as_strided_"})
+# Calls that read a tensor's values back into Python: on a meta tensor
+# whose values are known here they give those values, as on the CPU
+# (`torch.Tensor(np.linspace(...)).tolist()` in a constructor).
+_READBACK = frozenset({"tolist", "item", "__float__", "__int__", "__index__",
+                       "__bool__", "numpy", "__array__"})
 # In-place methods that give the tensor other memory: they run, and what
 # the tensor holds afterwards is not known.
 _RESIZE = frozenset({"resize_", "resize_as_", "set_"})
@@ -241,6 +246,15 @@ class Recorder(TorchFunctionMode):
                 done, result = self._init_call(init_name, args, kwargs)
             return result if done else func(*args, **kwargs)
         name = _name(func)
+        if name in _READBACK and args and isinstance(args[0], torch.Tensor) \
+                and args[0].device.type == "meta":
+            with _quiet():
+                try:
+                    values = self.values_of(args[0]) if self.entry_of(args[0]) else None
+                except Unknown:
+                    values = None
+            if values is not None:   # known here: read as on the CPU
+                return func(values, *args[1:], **kwargs)
         if name in _RESIZE:
             out = func(*args, **kwargs)
             with _quiet():
