@@ -84,7 +84,50 @@ STATUSES = ("pass", "build-error", "capture-error", "mismatch", "garbage")
 # Classes that do not pass, with their status and exact reason, as this
 # sweep produces them. Filled from a sweep run; test_hf_sweep.py checks it.
 KNOWN = {
+    # A zero-element parameter (num_register_tokens=0 by default) is
+    # reported as uninitialized: there is nothing to initialize.
+    "DINOv3ViTModel": (
+        "capture-error",
+        "embeddings.register_tokens (DINOv3ViTEmbeddings): empty: uninitialized memory "
+        "(torch.empty)"),
+    # nn.Parameter(torch.normal(0, std, size=(head_dim,))): torch.normal with
+    # float mean and std ignores the torch.device("meta") context, so the
+    # parameters are made on the CPU and describe() leaves them out.
+    "DiffLlamaModel": (
+        "garbage",
+        "8 tensor(s) not on the meta device after a meta_device() build (legacy "
+        "constructor?): layers.0.self_attn.lambda_k1, layers.0.self_attn.lambda_k2, "
+        "layers.0.self_attn.lambda_q1"),
 }
+
+# The classes test_hf_sweep.py sweeps (a few minutes on two cores): the
+# base class of many families that build fast from a small config, of
+# every kind (decoders, encoders, encoder-decoders, MoE, state-space and
+# hybrid, vision, audio, multimodal), and the KNOWN ones. The CLI sweeps
+# them all.
+TEST_CLASSES = (
+    "AXK2Model", "AfmoeModel", "AlbertModel", "AriaTextModel", "AudioFlamingo3Encoder",
+    "AudioFlamingo3Model", "BailingHybridModel", "BambaModel", "BeamModel", "BertModel",
+    "BigBirdModel", "BitNetModel", "BloomModel", "CLIPModel", "ChineseCLIPVisionModel",
+    "CodeGenModel", "ConvNextModel", "ConvNextV2Model", "Cosmos3EdgeVisionModel", "CwmModel",
+    "DINOv3ConvNextModel", "DINOv3ViTModel", "DebertaModel", "DebertaV2Model",
+    "DeepseekV32Model", "DeepseekV3Model", "DeepseekV4Model", "DeepseekVLModel", "DiaModel",
+    "DiffLlamaModel", "Dinov2Model", "Dinov2WithRegistersModel", "DistilBertModel",
+    "DogeModel", "DonutSwinModel", "DoryModel", "Ernie4_5_MoeModel", "ErnieModel",
+    "EsmcModel", "EuroBertModel", "Exaone4Model", "Exaone4_5_VisionModel", "ExaoneMoeModel",
+    "FNetModel", "FalconMambaModel", "FalconModel", "FocalNetModel", "FunAsrNanoEncoder",
+    "FuyuModel", "GPT2ForQuestionAnswering", "GPT2LMHeadModel", "GPTBigCodeModel",
+    "GPTJModel", "GPTNeoXJapaneseModel", "GPTNeoXModel", "Gemma3Model", "Gemma3TextModel",
+    "Gemma4TextModel", "Gemma4UnifiedAssistantForCausalLM", "Gemma4UnifiedModel",
+    "Gemma4UnifiedTextModel", "Gemma4VisionModel", "Glm46VModel", "Glm4Model",
+    "Glm4vTextModel", "Glm5NextTextModel", "Glm5NextVisionModel", "GlmAsrEncoder",
+    "GlmImageTextModel", "GlmImageVQVAE", "GlmModel", "GptOssModel", "GraniteModel",
+    "GraniteMoeModel", "GraniteMoeSWAModel", "GraniteSWAModel", "GteModel", "HYV3Model",
+    "HYV4VLTextModel", "HeliumModel", "ImageGPTModel", "JambaModel", "LlamaModel",
+    "LlavaForConditionalGeneration", "Mamba2Model", "MambaModel", "Qwen2MoeModel",
+    "Qwen3NextModel", "SEWDModel", "SwinModel", "T5Model", "ViTModel", "Wav2Vec2Model",
+    "WavLMModel", "WhisperModel", "XLNetModel",
+)
 
 
 # -- which classes ---------------------------------------------------------------
@@ -117,6 +160,12 @@ def representative(classes):
         b = b[0] if isinstance(b, (tuple, list)) else b
         picked[b if b in names else sorted(names)[0]] = mt
     return dict(sorted(picked.items()))
+
+
+def test_set():
+    """{class name: model_type} of TEST_CLASSES."""
+    classes = all_classes()
+    return {n: classes[n] for n in TEST_CLASSES}
 
 
 def model_class(name):
@@ -525,6 +574,25 @@ def compare_values(name, got, a, b):
             out.append(("mismatch", f"{name}: |values| up to {float(x.abs().max()):.4g}, "
                                     f"the CPU builds' up to {ref_abs:.4g}"))
         return out
+    # Support: the CPU builds' range widened by half its width. A few
+    # values outside it are allowed (torch's trunc_normal_ puts one in ~10^7
+    # at its bound a or b: erfinv(-1) clamped) and left out of the moments,
+    # as are such outliers of the CPU builds; values nobody wrote are caught
+    # above by their magnitude.
+    ra, rb = _trim(ra), _trim(rb)
+    lo, hi = min(float(ra.min()), float(rb.min())), max(float(ra.max()), float(rb.max()))
+    r = hi - lo
+    inside = (x >= lo - 0.5 * r) & (x <= hi + 0.5 * r)
+    outside = n - int(inside.sum())
+    if outside > 1 + n // 10_000_000:
+        out.append(("mismatch", f"{name}: {outside} of {n} values outside [{lo - 0.5 * r:.4g}, "
+                                f"{hi + 0.5 * r:.4g}] (the CPU builds' range "
+                                f"[{lo:.4g}, {hi:.4g}] widened by half): from "
+                                f"{float(x.min()):.4g} to {float(x.max()):.4g}"))
+    x = x[inside]
+    n = x.numel()
+    if n < 64:
+        return out
     ma, mb, mg = float(ra.mean()), float(rb.mean()), float(x.mean())
     sa, sb, sg = float(ra.std()), float(rb.std()), float(x.std())
     m4 = float(((ra - ma) ** 4).mean())
@@ -539,13 +607,17 @@ def compare_values(name, got, a, b):
     if abs(sg - sa) > std_tol:
         out.append(("mismatch", f"{name}: std {sg:.4g}, the CPU build's {sa:.4g} "
                                 f"(tolerance {std_tol:.2g}; n={n})"))
-    lo, hi = min(float(ra.min()), float(rb.min())), max(float(ra.max()), float(rb.max()))
-    r = hi - lo
-    if float(x.min()) < lo - 0.5 * r or float(x.max()) > hi + 0.5 * r:
-        out.append(("mismatch", f"{name}: values in [{float(x.min()):.4g}, "
-                                f"{float(x.max()):.4g}], the CPU builds' in "
-                                f"[{lo:.4g}, {hi:.4g}]"))
     return out
+
+
+def _trim(v):
+    """v without values more than 50 median absolute deviations from its
+    median (none for a normal or uniform draw of any size)."""
+    med = v.median()
+    mad = (v - med).abs().median()
+    if float(mad) == 0:
+        return v
+    return v[(v - med).abs() <= 50 * mad]
 
 
 def local_values(spec):
@@ -782,6 +854,8 @@ def main(argv=None):
     p.add_argument("--only", help="comma-separated class names, or model_types, or regexes")
     p.add_argument("--representative", action="store_true",
                    help="one class per model_type (the base model class)")
+    p.add_argument("--test-set", action="store_true",
+                   help="the classes test_hf_sweep.py sweeps (TEST_CLASSES)")
     p.add_argument("--after", help="only classes whose name sorts after this one")
     p.add_argument("--shard", help="I/N: every N-th class from the I-th (0-based), to split a "
                                    "sweep across processes")
@@ -792,6 +866,8 @@ def main(argv=None):
     names = all_classes()
     if args.representative:
         names = representative(names)
+    if args.test_set:
+        names = test_set()
     if args.only:
         pats = [s.strip() for s in args.only.split(",") if s.strip()]
         names = {n: mt for n, mt in names.items()
