@@ -205,6 +205,9 @@ void FillSteps(const spec::TensorDesc& desc,
   }
 }
 
+// Elements of a norm's source made at once (a piece of its slab).
+constexpr int64_t kNormPieceElements = int64_t{1} << 22;
+
 // RNG_MODE_PORTABLE: what every tensor's fill needs.
 struct PortableContext {
   const std::vector<spec::TensorDesc>& tensors;
@@ -278,11 +281,32 @@ void FillDerivedStepPortable(at::Tensor& view, const spec::TensorDesc& desc,
       slab.offset[dim] = part.offset[dim];
       slab.length[dim] = part.length[dim];
     }
-    at::Tensor norm =
-        NormExceptDimPortable(PortableValuesOf(step.source, slab, ctx), dim);
-    leaf = norm.reshape(part.length);
-    if (step.map == nullptr || PortableLeafDtype(*step.map) != spec::DType::kFloat64) {
-      leaf = leaf.to(at::kFloat);
+    // The slab is made and summed in pieces along its dimension 0, so the
+    // scratch memory stays bounded whatever the source's size.
+    std::vector<double> sums(
+        std::max<int64_t>(1, dim >= 0 ? slab.length[dim] : 1), 0.0);
+    if (portable::NumElements(slab) > 0) {
+      int64_t row = 1;
+      for (size_t d = 1; d < slab.length.size(); ++d) row *= slab.length[d];
+      const int64_t rows_per_piece =
+          slab.length.empty()
+              ? 1
+              : std::max<int64_t>(1, kNormPieceElements / std::max<int64_t>(row, 1));
+      const int64_t rows = slab.length.empty() ? 1 : slab.length[0];
+      for (int64_t r = 0; r < rows; r += rows_per_piece) {
+        portable::Box piece = slab;
+        if (!piece.length.empty()) {
+          piece.offset[0] = slab.offset[0] + r;
+          piece.length[0] = std::min(rows_per_piece, rows - r);
+        }
+        AccumulateSquares(PortableValuesOf(step.source, piece, ctx), dim, r,
+                          sums);
+      }
+    }
+    leaf = SqrtOfSums(sums, part.length);
+    if (step.map != nullptr &&
+        PortableLeafDtype(*step.map) != spec::DType::kFloat64) {
+      leaf = leaf.to(at::kFloat);  // a program's float32 leaf
     }
   } else {
     const spec::DType leaf_dtype = PortableLeafDtype(*step.map);

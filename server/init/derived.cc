@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -20,6 +21,8 @@ namespace {
 using spec::DType;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Norm reads allowed beyond twice the request's elements.
+constexpr double kNormReadSlack = 1 << 20;
 
 struct Graph {
   const v1::ModelSpec& model;
@@ -277,6 +280,33 @@ absl::StatusOr<std::vector<int>> ResolveDerived(
       }
       steps[k].source = source;
     }
+  }
+  // What norms read is bounded by what the request holds: each norm reads
+  // its source's elements (portable mode makes them again, and a source
+  // that is itself a norm reads its own source in turn).
+  std::vector<double> reads(n, -1.0);
+  std::function<double(int)> cost = [&](int i) -> double {
+    if (reads[i] >= 0) return reads[i];
+    reads[i] = 0;  // cycles are refused below; stop here meanwhile
+    double total = 0;
+    for (const ResolvedStep& step : *derived[i].steps) {
+      if (step.source < 0) continue;
+      total += static_cast<double>(tensors[step.source].full_numel()) +
+               cost(step.source);
+    }
+    return reads[i] = total;
+  };
+  double held = 0, read = 0;
+  for (int i = 0; i < n; ++i) {
+    held += static_cast<double>(tensors[i].full_numel());
+    read += cost(i);
+  }
+  if (read > 2 * held + kNormReadSlack) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: its norm_of steps read ", ShortNumber(read),
+        " source elements in all, more than twice the ", ShortNumber(held),
+        " elements the request holds (plus 2^20); fewer norms of large "
+        "tensors, or their sources in separate requests"));
   }
   // The readers, and through them their sources.
   for (int i = 0; i < n; ++i) {

@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "server/init/portable/elementwise.h"
@@ -52,9 +53,9 @@ at::Tensor TorchOp(const ElementwiseOpDesc& op, const at::Tensor& x,
       return at::mul(x, y != nullptr ? *y : Num(op.c));
     case ElementwiseKind::kDiv:
       if (y != nullptr) return at::div(x, *y);
-      // Python's `c / x` is Tensor.__rtruediv__: x.reciprocal() * c.
-      return op.constant_first ? at::mul(at::reciprocal(x), Num(op.c))
-                               : at::div(x, Num(op.c));
+      // torch.full_like(x, c) / x. (Python's own `c / x` runs
+      // x.reciprocal() * c, which the SDK records as RECIPROCAL, MUL.)
+      return op.constant_first ? at::div(Num(op.c), x) : at::div(x, Num(op.c));
     case ElementwiseKind::kPow:
       return at::pow(x, at::Scalar(op.c));  // `x ** c`
     case ElementwiseKind::kNeg:
@@ -83,15 +84,77 @@ at::Tensor TorchOp(const ElementwiseOpDesc& op, const at::Tensor& x,
   TORCH_CHECK(false, "unknown elementwise op");
 }
 
+// The op written into x itself (x is not read again): the same kernel as
+// TorchOp without a new tensor. False where torch has no in-place form.
+bool TorchOpInPlace(const ElementwiseOpDesc& op, at::Tensor& x,
+                    const at::Tensor* y) {
+  switch (op.kind) {
+    case ElementwiseKind::kAdd:
+      x.add_(y != nullptr ? *y : Num(op.c));
+      return true;
+    case ElementwiseKind::kSub:
+      if (op.constant_first && y == nullptr) return false;
+      x.sub_(y != nullptr ? *y : Num(op.c));
+      return true;
+    case ElementwiseKind::kMul:
+      x.mul_(y != nullptr ? *y : Num(op.c));
+      return true;
+    case ElementwiseKind::kDiv:
+      if (op.constant_first && y == nullptr) return false;
+      x.div_(y != nullptr ? *y : Num(op.c));
+      return true;
+    case ElementwiseKind::kNeg:
+      x.neg_();
+      return true;
+    case ElementwiseKind::kExp:
+      x.exp_();
+      return true;
+    case ElementwiseKind::kLog:
+      x.log_();
+      return true;
+    case ElementwiseKind::kExpm1:
+      x.expm1_();
+      return true;
+    case ElementwiseKind::kLog1p:
+      x.log1p_();
+      return true;
+    case ElementwiseKind::kSqrt:
+      x.sqrt_();
+      return true;
+    case ElementwiseKind::kReciprocal:
+      x.reciprocal_();
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 at::Tensor RunElementwiseTorch(const at::Tensor& leaf,
                                const ParsedElementwise& program) {
   std::vector<at::Tensor> values = {leaf};
   values.reserve(program.ops.size() + 1);
-  for (const ElementwiseOpDesc& op : program.ops) {
-    values.push_back(TorchOp(op, values[op.x],
-                             op.y >= 0 ? &values[op.y] : nullptr));
+  // A value is dropped after its last read, so its memory is reused by the
+  // allocator for the next op's result (the same kernels, the same bits).
+  std::vector<size_t> last_read(program.ops.size() + 1, 0);
+  for (size_t k = 0; k < program.ops.size(); ++k) {
+    last_read[program.ops[k].x] = k;
+    if (program.ops[k].y >= 0) last_read[program.ops[k].y] = k;
+  }
+  for (size_t k = 0; k < program.ops.size(); ++k) {
+    const ElementwiseOpDesc& op = program.ops[k];
+    const at::Tensor* y = op.y >= 0 ? &values[op.y] : nullptr;
+    if (last_read[op.x] == k && op.y != static_cast<int64_t>(op.x) &&
+        TorchOpInPlace(op, values[op.x], y)) {
+      values.push_back(std::move(values[op.x]));
+      values[op.x] = at::Tensor();
+    } else {
+      values.push_back(TorchOp(op, values[op.x], y));
+    }
+    for (size_t v = 0; v + 1 < values.size(); ++v) {
+      if (last_read[v] == k && values[v].defined()) values[v] = at::Tensor();
+    }
   }
   return values.back();
 }
@@ -104,37 +167,71 @@ at::Tensor RunElementwisePortable(const at::Tensor& leaf,
                                   const ParsedElementwise& program,
                                   int threads) {
   TORCH_CHECK(leaf.device().is_cpu(), "portable programs run on the CPU");
-  const at::Tensor wide = leaf.to(at::kDouble).contiguous();
-  at::Tensor out = at::empty(wide.sizes(), wide.options());
-  portable::RunElementwiseF64(program.ops, wide.const_data_ptr<double>(),
-                              out.mutable_data_ptr<double>(), wide.numel(),
-                              threads);
-  if (program.compute == spec::DType::kFloat64) return out;
-  return out.to(at::kFloat);  // round to nearest, ties to even
+  const bool wide = program.compute == spec::DType::kFloat64;
+  // The leaf's own dtype in, the result's out: no float64 copy of either.
+  const at::Tensor in = leaf.to(wide ? at::kDouble : at::kFloat).contiguous();
+  at::Tensor out = in;  // in place: each block is read before it is written
+  if (wide) {
+    portable::RunElementwiseF64(program.ops, in.const_data_ptr<double>(),
+                                out.mutable_data_ptr<double>(), in.numel(),
+                                threads);
+  } else {
+    portable::RunElementwiseF64(program.ops, in.const_data_ptr<float>(),
+                                out.mutable_data_ptr<float>(), in.numel(),
+                                threads);
+  }
+  return out;
 }
 
-at::Tensor NormExceptDimPortable(const at::Tensor& source, int64_t dim) {
-  const at::Tensor wide = source.to(at::kDouble).contiguous();
-  const double* data = wide.const_data_ptr<double>();
-  const int64_t n = wide.numel();
-  std::vector<int64_t> shape(wide.sizes().begin(), wide.sizes().end());
-  // Element i's index along `dim`: (i / inner) % size.
-  int64_t inner = 1, size = 1;
+namespace {
+
+// sums[j] += x^2 over `data`, a row-major [outer, size, inner] array, in
+// row-major order.
+template <typename T>
+void Squares(const T* data, int64_t outer, int64_t size, int64_t inner,
+             int64_t first, std::vector<double>& sums) {
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < size; ++j) {
+      double s = sums[first + j];
+      const T* row = data + (o * size + j) * inner;
+      for (int64_t k = 0; k < inner; ++k) {
+        const double x = static_cast<double>(row[k]);
+        s = s + x * x;
+      }
+      sums[first + j] = s;
+    }
+  }
+}
+
+}  // namespace
+
+void AccumulateSquares(const at::Tensor& piece, int64_t dim, int64_t first,
+                       std::vector<double>& sums) {
+  // Element (o, j, k) of the piece seen as [outer, size, inner] around
+  // `dim` adds to sums[first + j] (first only along dimension 0).
+  int64_t outer = 1, size = 1, inner = 1;
   if (dim >= 0) {
-    size = shape[dim];
-    for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+    size = piece.size(dim);
+    for (int64_t d = 0; d < dim; ++d) outer *= piece.size(d);
+    for (int64_t d = dim + 1; d < piece.dim(); ++d) inner *= piece.size(d);
+  } else {
+    inner = piece.numel();
   }
-  std::vector<double> sums(std::max<int64_t>(size, 1), 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t j = dim >= 0 ? (i / inner) % size : 0;
-    sums[j] = sums[j] + data[i] * data[i];
+  const int64_t offset = dim == 0 ? first : 0;
+  const at::Tensor c = piece.scalar_type() == at::kFloat ||
+                               piece.scalar_type() == at::kDouble
+                           ? piece.contiguous()
+                           : piece.to(at::kDouble).contiguous();
+  if (c.scalar_type() == at::kFloat) {
+    Squares(c.const_data_ptr<float>(), outer, size, inner, offset, sums);
+  } else {
+    Squares(c.const_data_ptr<double>(), outer, size, inner, offset, sums);
   }
-  std::vector<int64_t> out_shape;
-  if (dim >= 0) {
-    out_shape.assign(shape.size(), 1);
-    out_shape[dim] = size;
-  }
-  at::Tensor out = at::empty(out_shape, wide.options());
+}
+
+at::Tensor SqrtOfSums(const std::vector<double>& sums,
+                      const std::vector<int64_t>& shape) {
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kDouble));
   double* o = out.mutable_data_ptr<double>();
   for (int64_t j = 0; j < out.numel(); ++j) o[j] = std::sqrt(sums[j]);
   return out;

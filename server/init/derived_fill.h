@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "server/init/elementwise.h"
 
@@ -34,17 +35,25 @@ at::Tensor NormExceptDimTorch(const at::Tensor& source, int64_t dim);
 // RNG_MODE_PORTABLE: the program over `leaf` (a CPU tensor of
 // PortableLeafDtype(program)), evaluated in float64 on up to `threads`
 // threads; the result is float64 when the program computes in float64,
-// else rounded to float32 (a contiguous CPU tensor of leaf's shape).
+// else rounded to float32 (a contiguous CPU tensor of leaf's shape; it may
+// be `leaf` itself, overwritten).
 at::Tensor RunElementwisePortable(const at::Tensor& leaf,
                                   const ParsedElementwise& program,
                                   int threads);
 
 // RNG_MODE_PORTABLE: the 2-norm over every dimension but `dim` (-1: all)
-// of `source` (a CPU tensor of any floating dtype, the part of the source
-// tensor the norm reads), summing the squares of the values (exactly
-// widened to float64) in float64, in row-major order, then sqrt: a float64
-// CPU tensor of NormShape(source's sizes, dim).
-at::Tensor NormExceptDimPortable(const at::Tensor& source, int64_t dim);
+// of a source slab, accumulated piece by piece: `piece` (a CPU tensor of
+// any floating dtype) is the next part of the slab along its dimension 0,
+// in order, and `first` the index (along `dim`) of the piece's first
+// entry when dim is 0. Squares of the values (widened exactly to float64)
+// are added to sums[j] in float64, in row-major order; together the
+// pieces give the row-major order of the whole slab.
+void AccumulateSquares(const at::Tensor& piece, int64_t dim, int64_t first,
+                       std::vector<double>& sums);
+
+// sqrt of each sum, as a float64 CPU tensor of `shape`.
+at::Tensor SqrtOfSums(const std::vector<double>& sums,
+                      const std::vector<int64_t>& shape);
 
 }  // namespace materializer::init
 

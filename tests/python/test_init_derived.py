@@ -108,7 +108,7 @@ def test_torch_log_of_uniform_and_every_unary_op(server):
     v5 = v4 ** 1.5
     v6 = torch.nn.functional.softplus(v5)
     v7 = 2.0 - v6
-    v8 = 3.0 / v7
+    v8 = torch.full_like(v7, 3.0) / v7
     v9 = v8 * v1
     v10 = v9 / v2
     v11 = v10 - v3

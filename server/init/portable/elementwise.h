@@ -54,10 +54,13 @@ struct ElementwiseOpDesc {
 
 // Evaluates the program on `n` leaf values (`leaf`, read only) into `out`
 // (may be `leaf`): out[i] = the last value at element i. Splits the work
-// over up to `threads` threads.
+// over up to `threads` threads. The leaf is widened to float64 exactly;
+// a float result is the float64 result rounded to nearest (ties to even).
 void RunElementwiseF64(const std::vector<ElementwiseOpDesc>& ops,
                        const double* leaf, double* out, int64_t n,
                        int threads);
+void RunElementwiseF64(const std::vector<ElementwiseOpDesc>& ops,
+                       const float* leaf, float* out, int64_t n, int threads);
 
 // One op on one element, given the operand values (for tests).
 double ApplyElementwiseOp(const ElementwiseOpDesc& op, double x, double y);

@@ -22,22 +22,22 @@
 namespace materializer::init::portable {
 inline namespace MAT_PORTABLE_ISA {
 
-// 2^k for -1022 <= k <= 1023, from its bits.
-MAT_HD inline double Pow2(int64_t k) {
-  return AsF(static_cast<uint64_t>(k + 1023) << 52);
-}
+// The functions are written without branches (selects instead), so that
+// loops over them vectorize; the values are those of the definitions in
+// docs/portable-rng.md, section 14, which branch.
 
 // e^x. k = round(x / ln 2) by the 1.5 * 2^52 shift; r = x - k ln2 in two
 // fma steps (log64's ln2 split); e^r by its Taylor polynomial to r^13 / 13!
 // (|r| <= 0.347); then scaled by 2^k in two factors so that results below
 // the smallest normal round once. x <= -746 gives 0, x >= 710 gives inf.
+// k is read from t's bits (t = 1.5 * 2^52 + k exactly), and floor(k / 2)
+// from k + 2048, which is never negative.
 MAT_HD inline double ExpF64(double x) {
-  if (x <= -746.0) return 0.0;
-  if (x >= 710.0) return AsF(uint64_t{0x7ff0000000000000});
   const double shifter = 0x1.8p52;
-  const double t = Fma(x, 0x1.71547652b82fep+0, shifter);
+  const double xc = x < -746.0 ? -746.0 : (x > 710.0 ? 710.0 : x);
+  const double t = Fma(xc, 0x1.71547652b82fep+0, shifter);
   const double k = t - shifter;
-  double r = Fma(-k, 0x1.62e42fee00000p-1, x);
+  double r = Fma(-k, 0x1.62e42fee00000p-1, xc);
   r = Fma(-k, 0x1.a39ef35793c76p-33, r);
   const double p = Horner(
       r, 0x1.0000000000000p+0, 0x1.0000000000000p+0, 0x1.0000000000000p-1,
@@ -45,17 +45,17 @@ MAT_HD inline double ExpF64(double x) {
       0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-13, 0x1.a01a01a01a01ap-16,
       0x1.71de3a556c734p-19, 0x1.27e4fb7789f5cp-22, 0x1.ae64567f544e4p-26,
       0x1.1eed8eff8d898p-29, 0x1.6124613a86d09p-33);
-  const int64_t ki = static_cast<int64_t>(k);
-  const int64_t k1 = ki >= 0 ? ki / 2 : -((-ki + 1) / 2);  // floor(k / 2)
-  const int64_t k2 = ki - k1;
-  return (p * Pow2(k1)) * Pow2(k2);
+  const uint64_t kb = AsU(t) - AsU(shifter);          // k, two's complement
+  const uint64_t k1 = ((kb + 2048) >> 1) - 1024;       // floor(k / 2)
+  const uint64_t k2 = kb - k1;
+  const double scaled =
+      (p * AsF((k1 + 1023) << 52)) * AsF((k2 + 1023) << 52);
+  const double inf = AsF(uint64_t{0x7ff0000000000000});
+  return x <= -746.0 ? 0.0 : (x >= 710.0 ? inf : scaled);
 }
 
-// e^x - 1: x * (1 + x/2 + x^2/6 + ... + x^13/14!) for |x| <= ln(2)/2,
-// else ExpF64(x) - 1.
-MAT_HD inline double Expm1F64(double x) {
-  const double half_ln2 = 0x1.62e42fefa39efp-2;
-  if (x > half_ln2 || x < -half_ln2) return ExpF64(x) - 1.0;
+// e^x - 1 for |x| <= ln(2)/2: x * (1 + x/2 + x^2/6 + ... + x^13/14!).
+MAT_HD inline double Expm1SmallF64(double x) {
   return x * Horner(x, 0x1.0000000000000p+0, 0x1.0000000000000p-1,
                     0x1.5555555555555p-3, 0x1.5555555555555p-5,
                     0x1.1111111111111p-7, 0x1.6c16c16c16c17p-10,
@@ -65,25 +65,61 @@ MAT_HD inline double Expm1F64(double x) {
                     0x1.6124613a86d09p-33, 0x1.93974a8c07c9dp-37);
 }
 
-// ln(x) for any positive finite x: LogF64 (exact_math.h) for normal x;
-// a subnormal x is scaled by 2^54 first and 54 ln 2 subtracted.
+// Whether Expm1F64 takes its polynomial at x.
+MAT_HD inline bool Expm1IsSmall(double x) {
+  const double half_ln2 = 0x1.62e42fefa39efp-2;
+  return !(x > half_ln2 || x < -half_ln2);
+}
+
+// e^x - 1: Expm1SmallF64(x) for |x| <= ln(2)/2, else ExpF64(x) - 1.
+MAT_HD inline double Expm1F64(double x) {
+  const double small = Expm1SmallF64(x);
+  const double large = ExpF64(x) - 1.0;
+  return Expm1IsSmall(x) ? small : large;
+}
+
+// ln(x) for any positive finite x: log64 (section 6.4) for normal x; a
+// subnormal x is scaled by 2^54 first and 54 ln 2 subtracted. The exponent
+// becomes a double through the 2^52 shift (exact), where LogF64 converts an
+// integer: the same value.
 MAT_HD inline double LogAnyF64(double x) {
-  if (x < 0x1p-1022) return LogF64(x * 0x1p54) - 0x1.2b708872320e2p+5;
-  return LogF64(x);
+  const bool subnormal = x < 0x1p-1022;
+  const double xs = subnormal ? x * 0x1p54 : x;
+  const uint64_t bits = AsU(xs);
+  const uint64_t biased_exponent = bits >> 52;
+  const double m0 =
+      AsF((bits & uint64_t{0x000fffffffffffff}) | uint64_t{0x3ff0000000000000});
+  const bool big = m0 > 0x1.6a09e667f3bcdp+0;
+  const double m = big ? m0 * 0.5 : m0;
+  const uint64_t eb = biased_exponent + (big ? 1 : 0);  // e + 1023
+  const double e =
+      (AsF(uint64_t{0x4330000000000000} | eb) - 0x1p52) - 1023.0;
+  const double f = m - 1.0;
+  const double s = Div(f, f + 2.0);
+  const double z = s * s;
+  const double p =
+      Horner(z, 0x1.5555555555558p-1, 0x1.99999999952abp-2,
+             0x1.2492492df7663p-2, 0x1.c71c62ddb431bp-3, 0x1.7462b6e311a89p-3,
+             0x1.39fe16ad885a7p-3, 0x1.2b5bd9a316a24p-3);
+  const double ln_m = Fma(s * z, p, s + s);
+  const double r =
+      Fma(e, 0x1.62e42fee00000p-1, Fma(e, 0x1.a39ef35793c76p-33, ln_m));
+  return subnormal ? r - 0x1.2b708872320e2p+5 : r;
 }
 
 // ln(1 + x) for x > -1: u = 1 + x; x itself when u == 1, else
 // ln(u) * (x / (u - 1)), which cancels the rounding of u.
 MAT_HD inline double Log1pF64(double x) {
   const double u = 1.0 + x;
-  if (u == 1.0) return x;
-  return LogAnyF64(u) * Div(x, u - 1.0);
+  const double r = LogAnyF64(u) * Div(x, u - 1.0);
+  return u == 1.0 ? x : r;
 }
 
 // torch.nn.functional.softplus with beta 1, threshold 20: x above 20,
 // else log1p(exp(x)).
 MAT_HD inline double SoftplusF64(double x) {
-  return x > 20.0 ? x : Log1pF64(ExpF64(x));
+  const double r = Log1pF64(ExpF64(x));
+  return x > 20.0 ? x : r;
 }
 
 // x ** c for a constant c: 1 for c == 0; x, x * x, x * x * x, sqrt(x),
