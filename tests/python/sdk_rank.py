@@ -31,6 +31,26 @@ class Net(nn.Module):
 
 
 
+class Derived(nn.Module):
+    """Derived values: a weight-normalized convolution (g = ||v|| per
+    output channel) and a state-space dt bias, both written by init code."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 6, 3)
+        nn.utils.parametrizations.weight_norm(self.conv, name="weight", dim=0)
+        self.dt = nn.Linear(5, 9)
+
+    def init_weights(self):
+        import math
+        w = self.conv.parametrizations.weight
+        nn.init.normal_(w.original1, std=0.5)
+        w.original0.copy_(torch.norm_except_dim(w.original1, 2, 0))
+        u = torch.rand(9, device="meta")
+        dt = torch.exp(u * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+        self.dt.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+
 def main():
     rank, world, port, address, mode, out = sys.argv[1:7]
     rank, world = int(rank), int(world)
@@ -40,8 +60,20 @@ def main():
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     mesh = init_device_mesh("cpu", (world,))
     with torch.device("meta"):
-        model = Net(padding=mode != "shard1")
-    if mode == "fsdp":
+        model = Derived() if mode == "derived" else Net(padding=mode != "shard1")
+    if mode == "derived":
+        # v by columns (no rank holds a whole row, which its g needs), g and
+        # the dt bias by rows, the rest whole.
+        placements = {"conv.parametrizations.weight.original1": Shard(1),
+                      "conv.parametrizations.weight.original0": Shard(0),
+                      "dt.bias": Shard(0), "dt.weight": Shard(1)}
+        for full_name, p in list(model.named_parameters()):
+            owner, _, name = full_name.rpartition(".")
+            module = model.get_submodule(owner)
+            placement = placements.get(full_name, Replicate())
+            module.register_parameter(
+                name, nn.Parameter(distribute_tensor(p, mesh, [placement])))
+    elif mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
         fully_shard(model, mesh=mesh)                 # Shard(0) everywhere
     else:

@@ -13,7 +13,7 @@ import torch
 
 import materializer as mz
 import serverproc
-from sdk_rank import Net
+from sdk_rank import Derived, Net
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -74,6 +74,35 @@ def test_each_rank_materializes_its_shards(server, tmp_path, world, mode):
     else:
         assert [saved["down.weight"][0][1][1] for saved in ranks] == [3, 3, 3, 1]
         assert [saved["down.bias"][0][0][1] for saved in ranks] == [2, 2, 2, 1]
+    server.assert_idle()
+
+
+def test_derived_values_shard_as_slices_of_the_full_tensor(server, tmp_path):
+    """Two ranks of a weight-normalized convolution (v split by columns, g
+    by rows: each rank's g needs rows of v it does not hold) and a dt bias
+    derived from a draw: every rank's bytes are the full model's slices,
+    and the full model's g is the norm of its v."""
+    ranks = run_ranks(2, "derived", server.address, tmp_path)
+    with torch.device("meta"):
+        model = Derived()
+    mz.materialize(model, server=server.address, seed=77)
+    full = dict(model.named_parameters())
+    v = full["conv.parametrizations.weight.original1"].detach()
+    g = full["conv.parametrizations.weight.original0"].detach()
+    assert torch.allclose(g, torch.norm_except_dim(v.double(), 2, 0).float(), rtol=1e-6)
+    dt = torch.nn.functional.softplus(full["dt.bias"].detach().double())
+    assert dt.min() >= 0.001 * 0.999 and dt.max() <= 0.1 * 1.001
+    for name, want in full.items():
+        covered = torch.zeros(want.shape, dtype=torch.int32)
+        for r, saved in enumerate(ranks):
+            box, local, _ = saved[name]
+            index = tuple(slice(o, o + l) for o, l in box)
+            assert torch.equal(local, want.detach()[index]), (name, r)
+            covered[index] += 1
+        if "original" in name or name.startswith("dt."):
+            assert torch.all(covered == 1), name
+    assert [saved["conv.parametrizations.weight.original1"][0][1][1]
+            for saved in ranks] == [2, 2]
     server.assert_idle()
 
 
