@@ -84,20 +84,6 @@ STATUSES = ("pass", "build-error", "capture-error", "mismatch", "garbage")
 # Classes that do not pass, with their status and exact reason, as this
 # sweep produces them. Filled from a sweep run; test_hf_sweep.py checks it.
 KNOWN = {
-    # A zero-element parameter (num_register_tokens=0 by default) is
-    # reported as uninitialized: there is nothing to initialize.
-    "DINOv3ViTModel": (
-        "capture-error",
-        "embeddings.register_tokens (DINOv3ViTEmbeddings): empty: uninitialized memory "
-        "(torch.empty)"),
-    # nn.Parameter(torch.normal(0, std, size=(head_dim,))): torch.normal with
-    # float mean and std ignores the torch.device("meta") context, so the
-    # parameters are made on the CPU and describe() leaves them out.
-    "DiffLlamaModel": (
-        "garbage",
-        "8 tensor(s) not on the meta device after a meta_device() build (legacy "
-        "constructor?): layers.0.self_attn.lambda_k1, layers.0.self_attn.lambda_k2, "
-        "layers.0.self_attn.lambda_q1"),
 }
 
 # The classes test_hf_sweep.py sweeps (a few minutes on two cores): the
@@ -480,8 +466,8 @@ def tie_groups(tensors):
     dtype), for groups of two or more."""
     groups = collections.defaultdict(set)
     for n, t in tensors.items():
-        if t.device.type == "meta":
-            continue
+        if t.device.type == "meta" or t.numel() == 0:
+            continue  # zero-element tensors share the null storage, untied
         groups[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)].add(n)
     return {frozenset(g) for g in groups.values() if len(g) > 1}
 

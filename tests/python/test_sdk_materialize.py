@@ -413,3 +413,33 @@ def test_a_part_the_server_refuses_names_the_tensor_and_nothing_stays_held(srv):
         assert client.list_handles() == []
     assert all(t.is_meta for t in state(model).values())
     srv.assert_idle()
+
+
+class WeaklyHeld(nn.Module):
+    """A module that keeps a weak reference to its parameter (as some
+    Hugging Face modules do), which torch.utils.swap_tensors refuses."""
+
+    def __init__(self, hold=True):
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+        self.other = nn.Linear(6, 4, bias=False)
+        self.other.weight = self.lin.weight          # a tie
+        if hold:
+            import weakref
+            self._held = weakref.ref(self.lin.weight)
+
+
+@pytest.mark.parametrize("transport", ["stream", "shm"])
+def test_a_weakly_referenced_parameter_is_replaced_under_every_name(srv, transport):
+    with torch.device("meta"):
+        model = WeaklyHeld()
+    mz.materialize(model, server=srv.address, seed=5, rng="torch", transport=transport)
+    w = model.lin.weight
+    assert w.device.type == "cpu" and isinstance(w, nn.Parameter)
+    assert model.other.weight is w                      # still tied
+    with torch.device("meta"):
+        control = WeaklyHeld(hold=False)                # swap_tensors works here
+    mz.materialize(control, server=srv.address, seed=5, rng="torch", transport=transport)
+    assert torch.equal(w.detach(), control.lin.weight.detach())
+    assert torch.equal(model.lin.bias.detach(), control.lin.bias.detach())
+    assert w.detach().abs().max() <= 1 / 6 ** 0.5       # kaiming_uniform's bound

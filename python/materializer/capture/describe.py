@@ -23,6 +23,7 @@ express, is a CaptureError naming it, the op and its module class.
 import contextlib
 import fnmatch
 import inspect
+import math
 import threading
 
 import torch
@@ -417,6 +418,9 @@ def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
         entry = by_key[g.key]
         steps = entry.steps
         where = f"{g.root} ({g.owner_class})"
+        if math.prod(entry.shape) == 0:
+            # No element, so nothing to initialize (or to leave unwritten).
+            entry.steps = steps = [Step(schemes.empty(), None)]
         bad = [s for s in steps if not s.known]
         if g.key in real:
             why = _incomplete(steps, entry.shape)

@@ -246,6 +246,12 @@ class Recorder(TorchFunctionMode):
                 done, result = self._init_call(init_name, args, kwargs)
             return result if done else func(*args, **kwargs)
         name = _name(func)
+        if self.track_new and func is torch.normal and _normal_factory(args, kwargs) \
+                and kwargs.get("device") is None:
+            # torch.normal(mean, std, size) with numbers ignores the device
+            # context (it would draw on the CPU from the global generator):
+            # made on the meta device, it is the scheme normal(mean, std).
+            kwargs = dict(kwargs, device="meta")
         if name in _READBACK and args and isinstance(args[0], torch.Tensor) \
                 and args[0].device.type == "meta":
             with _quiet():
@@ -694,6 +700,10 @@ class Recorder(TorchFunctionMode):
         if name in _RANDOM_FACTORIES:
             kind, params = _RANDOM_FACTORIES[name]
             return Scheme(kind, params), None
+        if func is torch.normal and _normal_factory(args, kwargs):
+            mean = _arg(args, kwargs, 0, "mean", 0.0)
+            std = _arg(args, kwargs, 1, "std", 1.0)
+            return Scheme("normal", {"mean": float(mean), "std": float(std)}), None
         if name in ("new", "new_tensor"):
             return self._legacy_new(name, args, kwargs, o), None
         metas = [x for x in inputs if x.device.type == "meta"]
@@ -791,6 +801,17 @@ class Recorder(TorchFunctionMode):
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+def _normal_factory(args, kwargs):
+    """torch.normal(mean, std, size) with numbers (a factory), not the
+    form that draws around tensors of means or stds."""
+    mean = _arg(args, kwargs, 0, "mean", None)
+    std = _arg(args, kwargs, 1, "std", None)
+    size = _arg(args, kwargs, 2, "size", None)
+    number = (int, float)
+    return (isinstance(mean, number) and isinstance(std, number)
+            and not isinstance(mean, bool) and size is not None)
+
 
 def _arg(args, kwargs, i, key, default):
     if len(args) > i:

@@ -121,9 +121,18 @@ class Targets:
                 done.add(id(p))
                 if g.dtensor and value.device == p.device and torch._has_compatible_shallow_copy_type(p, value):
                     p.data = value
-                else:
-                    torch.utils.swap_tensors(
-                        p, torch.nn.Parameter(value, requires_grad=p.requires_grad))
+                    continue
+                fresh = torch.nn.Parameter(value, requires_grad=p.requires_grad)
+                try:
+                    torch.utils.swap_tensors(p, fresh)
+                except RuntimeError:
+                    # swap_tensors refuses a Parameter that something holds
+                    # a weak reference to (a meta tensor's .data cannot
+                    # become a CPU tensor either): the new Parameter takes
+                    # its place under every name that held it.
+                    for other in g.slots:
+                        if other.get() is p:
+                            other.set(fresh)
             for s in g.slots:
                 if s.kind == "buffer":
                     s.set(value)
