@@ -180,7 +180,8 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
                 t_mat = time.perf_counter()
                 try:
                     mode = _load(client, handle, spec, targets, device, mode, transport,
-                                 progress, verify, streams, dests=early)
+                                 progress, verify, streams, dests=early,
+                                 keep_handle=keep_handle)
                 except BaseException:
                     _release(client, handle, force=True)
                     raise
@@ -232,17 +233,20 @@ def _choose(client, transport, device, placement):
 
 
 def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams,
-          dests=None):
+          dests=None, keep_handle=True):
     """Delivers the handle into the module; returns the transport used.
     dests: destination tensors the stream transport fills (from
-    targets.new_tensors; default: allocated here)."""
+    targets.new_tensors; default: allocated here). keep_handle: the handle
+    outlives the call, so shared memory is mapped copy-on-write (else the
+    pages themselves, which become the trainer's once the handle is
+    released, before materialize() returns)."""
     if mode in ("shm", "ipc"):
         export = None
         try:
             uuid = device_uuid(device) if mode == "ipc" else ""
             export = client.export(handle, importer_device_uuid=uuid)
             if mode == "shm":
-                views = shm_views(export, spec)
+                views = shm_views(export, spec, shared=not keep_handle)
                 if device.type != "cpu":
                     views = {k: v.to(device) for k, v in views.items()}
                 targets.adopt(views)

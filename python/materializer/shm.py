@@ -14,7 +14,13 @@ calling process and views each tensor over the mapping:
 The mapping is read-only by default: the tensors are the server's bytes, and
 an in-place op on them raises a segmentation fault. Pass writable=True for a
 private copy-on-write mapping (pages are copied only when written, and the
-writes stay in this process).
+writes stay in this process), or writable="shared" for the pages themselves,
+mapped writable and populated: writes cost no copy and no fault, but until
+the server releases the handle they change the server's bytes too, so this
+is for a caller that releases the handle before it writes (the SDK's
+default). "shared" needs write access to the file (the server's user);
+where the file cannot be opened for writing it falls back to the private
+mapping (`mode` says which one was made).
 
 Lifetime: the mapping stays valid after the server releases the handle (the
 file is unlinked then, and its memory goes when the last mapping goes).
@@ -28,6 +34,8 @@ import os
 import warnings
 
 import torch
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -59,14 +67,28 @@ class SharedMemoryImport:
                 "torch.cuda and the C++ helper client/export_import.h)")
         path = export.shared_memory.path
         size = int(export.arena_bytes)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = None
+        self.mode = "read-only" if not writable else "private"
+        if writable == "shared":
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                self.mode = "shared"
+            except PermissionError:
+                pass  # another user's file: copy-on-write instead
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             if os.fstat(fd).st_size < size:
                 raise ValueError(f"{path} is smaller than the export's "
                                  f"{size} bytes")
             if size == 0:
                 self._map = None
-            elif writable:
+            elif self.mode == "shared":
+                # Populated now: the pages are the server's, already
+                # resident, so this maps them without a fault per page.
+                self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE,
+                                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            elif self.mode == "private":
                 self._map = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
             else:
@@ -121,6 +143,7 @@ class SharedMemoryImport:
 
 
 def map_export(export, writable=False):
-    """Maps `export` (an ExportResponse with shared_memory); see the module
-    docstring."""
+    """Maps `export` (an ExportResponse with shared_memory). writable:
+    False (read-only), True (private copy-on-write) or "shared" (see the
+    module docstring)."""
     return SharedMemoryImport(export, writable=writable)

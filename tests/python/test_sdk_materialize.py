@@ -443,3 +443,53 @@ def test_a_weakly_referenced_parameter_is_replaced_under_every_name(srv, transpo
     assert torch.equal(w.detach(), control.lin.weight.detach())
     assert torch.equal(model.lin.bias.detach(), control.lin.bias.detach())
     assert w.detach().abs().max() <= 1 / 6 ** 0.5       # kaiming_uniform's bound
+
+
+def _rss_anon():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+class Wide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(1024, 2048)      # 8 MiB of weights
+        self.b = nn.Linear(2048, 1024)
+
+
+@pytest.mark.parametrize("keep_handle", [False, True])
+def test_shared_memory_pages_become_the_trainers_when_the_handle_goes(srv, keep_handle):
+    """Default (the handle released before materialize() returns): the
+    trainer's first write to every weight copies nothing (its anonymous
+    memory does not grow by the model), and the weights are what the
+    server made. keep_handle: copy-on-write, so the server's bytes, fetched
+    after the trainer wrote, are unchanged."""
+    client = mz.Client(srv.address)
+    with mz.meta_device():
+        model = Wide()
+    r = mz.materialize(model, client=client, seed=3, transport="shm", keep_handle=keep_handle)
+    assert r.transport == "shm"
+    nbytes = r.bytes
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    anon = _rss_anon()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.0)                      # the first write to every page
+    grown = _rss_anon() - anon
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n] * 2.0), n
+    if keep_handle:
+        assert grown >= 0.9 * nbytes, grown          # copied on write
+        served = b"".join(bytes(c.data) for c in client.fetch(r.handle))
+        got = matutil.load_safetensors(served)
+        for n in before:
+            assert torch.equal(got[n], before[n]), n  # the server's bytes
+        client.release(r.handle)
+    else:
+        assert grown < 0.25 * nbytes, (grown, nbytes)  # no copy: the pages are ours
+        assert not list(client.list_handles())         # released: the pages are the trainer's
+    client.close()
+    srv.assert_idle()

@@ -1,10 +1,15 @@
 """Zero-copy delivery from a server on the same host.
 
-- Shared memory (CPU arenas): the export's /dev/shm file is mapped
-  copy-on-write (MAP_PRIVATE, writable) and the module's tensors become
-  views of the mapping: nothing is copied, the trainer may write its
-  weights (pages it writes become its own, the server's arena is never
-  changed), and the mapping outlives the handle's release.
+- Shared memory (CPU arenas): the export's /dev/shm file is mapped and the
+  module's tensors become views of the mapping: nothing is copied, and the
+  mapping outlives the handle's release. When the handle is released
+  right after loading (the default), the pages themselves are mapped
+  writable (MAP_SHARED, populated): once the server lets go of them they
+  are the trainer's, and its first write to each page (the first
+  optimizer step) costs no copy-on-write fault and no 4 KiB copy. With
+  keep_handle, or where the file cannot be opened for writing, the mapping
+  is copy-on-write (MAP_PRIVATE): pages the trainer writes become its own
+  and the server's arena is never changed.
 - CUDA IPC (CUDA arenas): the arena is opened in this process and each
   tensor is copied device to device into the module's own tensors, then
   the mapping is closed, so the trainer holds no memory of the server's
@@ -19,10 +24,11 @@ from materializer import shm
 from materializer.errors import LoadError
 
 
-def shm_views(export, spec):
+def shm_views(export, spec, shared=False):
     """{root name: tensor viewing the mapped export}, shaped as the spec's
-    local shapes."""
-    imported = shm.map_export(export, writable=True)
+    local shapes. shared: map the pages themselves (the caller releases the
+    handle before anything writes them), else copy-on-write."""
+    imported = shm.map_export(export, writable="shared" if shared else True)
     views = {}
     for desc in spec.roots:
         t = imported.tensors.get(desc.name)
