@@ -214,6 +214,27 @@ def class_pattern_plan(pb, pattern_bytes, tensors):
     return req
 
 
+def derived_requests():
+    """Requests with derived values: a dt bias program over a draw, and a
+    weight norm (a norm of another tensor, sharded)."""
+    dt_ops = [{"kind": "MUL", "x": 0, "c": 4.605170185988091},
+              {"kind": "ADD", "x": 1, "c": -6.907755278982137},
+              {"kind": "EXP", "x": 2}, {"kind": "CLAMP", "x": 3, "min": 0.0001},
+              {"kind": "NEG", "x": 4}, {"kind": "EXPM1", "x": 5},
+              {"kind": "NEG", "x": 6}, {"kind": "LOG", "x": 7},
+              {"kind": "ADD", "x": 4, "y": 8}]
+    yield "dt-bias", {"model": {"seed": "3", "tensors": [
+        {"name": "dt.bias", "shape": [16], "dtype": "bfloat16",
+         "initSteps": [{"init": {"uniform": {}},
+                        "map": {"dtype": "float32", "ops": dt_ops}}]}]}}
+    yield "weight-norm", {"model": {"seed": "3", "tensors": [
+        {"name": "g", "shape": [4, 1, 1], "dtype": "float32",
+         "init": {"normOf": {"tensor": "v", "dim": 0}},
+         "shard": {"split": {"dim": 0, "index": 1, "count": 2}}},
+        {"name": "v", "shape": [4, 3, 2], "dtype": "float32",
+         "init": {"normal": {"std": 0.5}}}]}}
+
+
 def request_corpus(pb, json_format):
     files = {}
 
@@ -250,6 +271,12 @@ def request_corpus(pb, json_format):
         split["placement"] = {"device": "split", "split": {
             "devices": ["cpu:1", "cpu:0"], "maxMemory": {"cpu:1": "4KiB"}}}
         add_json(f"seed-{name}-small-split.json", json.dumps(split))
+    for name, req in derived_requests():
+        for rng in (TORCH, PORTABLE):
+            r = copy.deepcopy(req)
+            r["model"]["rng"] = rng
+            add_json(f"seed-derived-{name}-{rng.split('_')[-1].lower()}.json",
+                     json.dumps(r))
     for name, req in request_regressions():
         add_json(f"regress-{name}.json", json.dumps(req))
         add_binary(f"regress-{name}.bin", parse(req))
