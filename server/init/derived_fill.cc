@@ -20,6 +20,7 @@
 #include <ATen/ops/sub.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -131,8 +132,39 @@ bool TorchOpInPlace(const ElementwiseOpDesc& op, at::Tensor& x,
 
 }  // namespace
 
+namespace {
+
+at::Tensor RunWhole(const at::Tensor& leaf, const ParsedElementwise& program);
+
+}  // namespace
+
+// Large leaves run the program chunk by chunk, so each op's operands stay
+// in cache. The bits are those of the whole: every op is elementwise, and
+// ATen's vectorized loops run whole vectors over each contiguous range and
+// their scalar code only on a range's last partial vector, so chunks whose
+// length is a multiple of every vector width (the grain torch's own
+// parallel loops cut at, 32768, is one) leave that to the final chunk, as
+// the whole tensor does.
 at::Tensor RunElementwiseTorch(const at::Tensor& leaf,
                                const ParsedElementwise& program) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  if (leaf.numel() <= 2 * kChunk || !leaf.is_contiguous()) {
+    return RunWhole(leaf, program);
+  }
+  // The leaf is the caller's scratch: each chunk's result is written back
+  // over it (ops keep the compute dtype).
+  at::Tensor flat = leaf.view({-1});
+  for (int64_t start = 0; start < flat.numel(); start += kChunk) {
+    at::Tensor chunk = flat.narrow(0, start, std::min(kChunk, flat.numel() - start));
+    at::Tensor part = RunWhole(chunk, program);
+    if (!part.is_same(chunk)) chunk.copy_(part);
+  }
+  return leaf;
+}
+
+namespace {
+
+at::Tensor RunWhole(const at::Tensor& leaf, const ParsedElementwise& program) {
   std::vector<at::Tensor> values = {leaf};
   values.reserve(program.ops.size() + 1);
   // A value is dropped after its last read, so its memory is reused by the
@@ -158,6 +190,8 @@ at::Tensor RunElementwiseTorch(const at::Tensor& leaf,
   }
   return values.back();
 }
+
+}  // namespace
 
 at::Tensor NormExceptDimTorch(const at::Tensor& source, int64_t dim) {
   return at::norm_except_dim(source, 2, dim);

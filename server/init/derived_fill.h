@@ -25,7 +25,8 @@
 namespace materializer::init {
 
 // RNG_MODE_TORCH: the program's last value, computed from `leaf` (a tensor
-// of the compute dtype holding value 0) with ATen ops on leaf's device.
+// of the compute dtype holding value 0, which this may overwrite) with
+// ATen ops on leaf's device.
 at::Tensor RunElementwiseTorch(const at::Tensor& leaf,
                                const ParsedElementwise& program);
 

@@ -68,14 +68,17 @@ def refused(server, tensors, rng="RNG_MODE_TORCH", client="derived-bad"):
     return e.value.details()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_torch_dt_bias_equals_the_model_code_with_the_tensor_generator(server, dtype):
+@pytest.mark.parametrize("dtype,n", [("float32", 96), ("bfloat16", 96),
+                                     ("float32", 300_001)])
+def test_torch_dt_bias_equals_the_model_code_with_the_tensor_generator(server, dtype, n):
+    """300,001 elements: the server runs the program in chunks; the bits
+    are still those of the whole tensor."""
     name = "backbone.layers.0.mixer.dt_proj.bias"
     got, info = materialize(server, [{
-        "name": name, "shape": [96], "dtype": dtype,
+        "name": name, "shape": [n], "dtype": dtype,
         "initSteps": [{"init": {"uniform": {}},
                        "map": {"dtype": "float32", "ops": DT_OPS}}]}])
-    want = dt_python(96, m.generator(SEED, name), m.TORCH_DTYPES[dtype])
+    want = dt_python(n, m.generator(SEED, name), m.TORCH_DTYPES[dtype])
     assert m.same_bits(got[name], want)
     softplus = torch.nn.functional.softplus(got[name].float())
     assert softplus.min() >= FLOOR * 0.99 and softplus.max() <= DT_MAX * 1.01
