@@ -83,6 +83,7 @@ at::Tensor TorchOp(const ElementwiseOpDesc& op, const at::Tensor& x,
       return at::softplus(x, /*beta=*/1, /*threshold=*/20);
   }
   TORCH_CHECK(false, "unknown elementwise op");
+  return x;  // not reached (debug builds do not see TORCH_CHECK's throw)
 }
 
 // The op written into x itself (x is not read again): the same kernel as
