@@ -214,6 +214,10 @@ struct PortableContext {
   const std::vector<ResolvedInit>& inits;
   uint64_t seed;
   int threads;
+  // The arena's views. Tasks run by depth, so a tensor that a norm reads
+  // is filled before its reader: where its view holds the part the norm
+  // needs, that part is read rather than made again.
+  const std::vector<at::Tensor>& views;
 };
 
 // `view` narrowed to `part` (full-tensor coordinates), given that view
@@ -299,8 +303,15 @@ void FillDerivedStepPortable(at::Tensor& view, const spec::TensorDesc& desc,
           piece.offset[0] = slab.offset[0] + r;
           piece.length[0] = std::min(rows_per_piece, rows - r);
         }
-        AccumulateSquares(PortableValuesOf(step.source, piece, ctx), dim, r,
-                          sums);
+        const spec::TensorDesc& src = ctx.tensors[step.source];
+        const portable::Box held =
+            src.is_shard() ? portable::Box{src.shard_offset, src.shape}
+                           : portable::FullBox(src.full_shape());
+        const bool stored =
+            portable::Intersect(held, piece).length == piece.length;
+        AccumulateSquares(stored ? Narrowed(ctx.views[step.source], held, piece)
+                                 : PortableValuesOf(step.source, piece, ctx),
+                          dim, r, sums);
       }
     }
     leaf = SqrtOfSums(sums, part.length);
@@ -309,9 +320,14 @@ void FillDerivedStepPortable(at::Tensor& view, const spec::TensorDesc& desc,
       leaf = leaf.to(at::kFloat);  // a program's float32 leaf
     }
   } else {
+    // The leaf straight in the tensor where it has the leaf's dtype and
+    // layout (the program then runs in place), else in scratch memory.
     const spec::DType leaf_dtype = PortableLeafDtype(*step.map);
-    leaf = at::empty(part.length, at::TensorOptions().dtype(
-                                      spec::ToScalarType(leaf_dtype)));
+    const bool direct = dst.device().is_cpu() && dst.is_contiguous() &&
+                        dst.scalar_type() == spec::ToScalarType(leaf_dtype);
+    leaf = direct ? dst
+                  : at::empty(part.length, at::TensorOptions().dtype(
+                                               spec::ToScalarType(leaf_dtype)));
     FillPortableStep(leaf, DescForBox(desc, part, leaf_dtype), *step.scheme,
                      step.region, k, ctx.seed, ctx.threads);
   }
@@ -321,7 +337,7 @@ void FillDerivedStepPortable(at::Tensor& view, const spec::TensorDesc& desc,
   if (desc.dtype != spec::DType::kFloat64 && leaf.scalar_type() == at::kDouble) {
     leaf = leaf.to(at::kFloat);  // every dtype but float64 narrows from f32
   }
-  dst.copy_(leaf);
+  if (!leaf.is_same(dst)) dst.copy_(leaf);
 }
 
 // Fills `view` (desc's stored box of tensor i) with tensor i's init.
@@ -361,10 +377,11 @@ void FillTensorPortable(at::Tensor& view, const spec::TensorDesc& desc, int i,
 }
 
 // RNG_MODE_PORTABLE: one task per tensor (a module default is its tensor's
-// slot of the plan), run one at a time, each kernel using every thread. A
-// tensor that reads another (norm_of) computes the part of the source it
-// needs again, so no order between tasks is needed and a shard needs no
-// other rank's bytes.
+// slot of the plan), run one at a time, each kernel using every thread, by
+// depth. A tensor that reads another (norm_of) reads the part of the source
+// it needs from the arena where this request holds it, and computes it
+// again where it does not (a shard's rows of v that another rank holds), so
+// a shard needs no other rank's bytes.
 absl::Status ApplyPortable(const std::vector<spec::TensorDesc>& tensors,
                            const std::vector<ResolvedInit>& inits,
                            uint64_t seed, memory::Arena& arena,
@@ -372,14 +389,15 @@ absl::Status ApplyPortable(const std::vector<spec::TensorDesc>& tensors,
   std::vector<Task> tasks;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].tie_root >= 0) continue;
-    tasks.push_back({static_cast<int>(i), nullptr, tensors[i].nbytes});
+    tasks.push_back(
+        {static_cast<int>(i), nullptr, tensors[i].nbytes, inits[i].depth});
   }
   std::vector<at::Tensor>& views = arena.tensors().views;
-  const PortableContext ctx{tensors, inits, seed, at::get_num_threads()};
+  const PortableContext ctx{tensors, inits, seed, at::get_num_threads(), views};
   std::atomic<bool> stopped{false};
   absl::Status status = GuardTorch("initializing tensors", [&] {
-    ForEachTaskInParallel(tasks, /*threads=*/1, cancelled, stopped,
-                          [&](const Task& task) {
+    ForEachTaskByDepth(tasks, /*threads=*/1, cancelled, stopped,
+                       [&](const Task& task) {
       FillTensorPortable(views[task.tensor], tensors[task.tensor], task.tensor,
                          ctx);
     });

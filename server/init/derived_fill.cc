@@ -253,10 +253,11 @@ void AccumulateSquares(const at::Tensor& piece, int64_t dim, int64_t first,
     inner = piece.numel();
   }
   const int64_t offset = dim == 0 ? first : 0;
-  const at::Tensor c = piece.scalar_type() == at::kFloat ||
-                               piece.scalar_type() == at::kDouble
-                           ? piece.contiguous()
-                           : piece.to(at::kDouble).contiguous();
+  const at::Tensor host = piece.device().is_cpu() ? piece : piece.cpu();
+  const at::Tensor c = host.scalar_type() == at::kFloat ||
+                               host.scalar_type() == at::kDouble
+                           ? host.contiguous()
+                           : host.to(at::kDouble).contiguous();
   if (c.scalar_type() == at::kFloat) {
     Squares(c.const_data_ptr<float>(), outer, size, inner, offset, sums);
   } else {

@@ -43,8 +43,8 @@ at::Tensor RunElementwisePortable(const at::Tensor& leaf,
                                   int threads);
 
 // RNG_MODE_PORTABLE: the 2-norm over every dimension but `dim` (-1: all)
-// of a source slab, accumulated piece by piece: `piece` (a CPU tensor of
-// any floating dtype) is the next part of the slab along its dimension 0,
+// of a source slab, accumulated piece by piece: `piece` (a tensor of any
+// floating dtype, on any device: it is read on the CPU) is the next part of the slab along its dimension 0,
 // in order, and `first` the index (along `dim`) of the piece's first
 // entry when dim is 0. Squares of the values (widened exactly to float64)
 // are added to sums[j] in float64, in row-major order; together the
