@@ -493,3 +493,27 @@ def test_shared_memory_pages_become_the_trainers_when_the_handle_goes(srv, keep_
         assert not list(client.list_handles())         # released: the pages are the trainer's
     client.close()
     srv.assert_idle()
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("floor", torch.full((3, 4), float("-inf")))
+        self.register_buffer("mask", torch.zeros(2, 4))
+
+    def init_weights(self):
+        self.mask[1].fill_(float("-inf"))
+
+
+def test_infinite_constants_arrive_as_infinities(srv):
+    """torch.full(-inf) and fill_(-inf) (attention masks, Gemma's audio
+    clamps): constants must be finite on the wire, so they travel as
+    literal values, which may be infinite."""
+    with mz.meta_device():
+        model = Masked()
+    mz.materialize(model, server=srv.address, seed=1)
+    assert torch.equal(model.floor, torch.full((3, 4), float("-inf")))
+    assert torch.equal(model.mask[0], torch.zeros(4))
+    assert torch.equal(model.mask[1], torch.full((4,), float("-inf")))
+    srv.assert_idle()

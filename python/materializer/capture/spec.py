@@ -79,6 +79,17 @@ class TensorDesc:
         return (f"{self.name} {list(self.shape)} {dtype_name(self.dtype)}: "
                 + "; ".join(repr(s) for s in self.steps))
 
+    def _wire_scheme(self, step):
+        """The step's scheme as the server takes it: a constant that is not
+        finite (a -inf mask buffer made with torch.full) is sent as literal
+        values, which may hold infinities (constants may not)."""
+        scheme = step.scheme
+        if scheme.kind == "constant" and not math.isfinite(scheme.params["val"]):
+            shape = list(self.shape) if step.region is None else [l for _, l in step.region]
+            data = torch.full(shape, scheme.params["val"], dtype=self.dtype)
+            return Scheme("values", {"data": data}).to_proto(self.dtype)
+        return scheme.to_proto(self.dtype)
+
     def to_proto(self):
         t = pb.TensorSpec(name=self.name, shape=list(self.shape),
                           dtype=dtype_name(self.dtype), module_type=self.module_type)
@@ -89,7 +100,7 @@ class TensorDesc:
             t.tie_to = self.tie_to
         elif (len(self.steps) == 1 and self.steps[0].region is None
               and self.steps[0].scheme.kind != "map"):
-            t.init.CopyFrom(self.steps[0].scheme.to_proto(self.dtype))
+            t.init.CopyFrom(self._wire_scheme(self.steps[0]))
         else:
             for step in self.steps:
                 s = t.init_steps.add()
@@ -98,7 +109,7 @@ class TensorDesc:
                     s.init.CopyFrom(leaf)
                     s.map.CopyFrom(program)
                 else:
-                    s.init.CopyFrom(step.scheme.to_proto(self.dtype))
+                    s.init.CopyFrom(self._wire_scheme(step))
                 if step.region is not None:
                     for o, l in step.region:
                         s.region.add(offset=o, length=l)
