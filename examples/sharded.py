@@ -48,6 +48,7 @@ def rank_main(rank, world, port, server):
     if rank == 0:
         combined = fingerprint.combine(int(t.item()) % (1 << 64) for t in parts)
         print(f"shards of {world} ranks add up to model fingerprint {combined:#018x}")
+    dist.barrier()            # no rank tears gloo down while another still talks
     dist.destroy_process_group()
 
 

@@ -100,6 +100,7 @@ def main():
         with torch.no_grad():   # FSDP2 all-gathers the shards this rank loaded
             saved["__output__"] = model(torch.tensor([[1, 3, 5, 10]])).detach().clone()
     torch.save(saved, out)
+    dist.barrier()            # no rank tears gloo down while another still talks
     dist.destroy_process_group()
 
 
