@@ -382,3 +382,19 @@ def test_split_keeps_order_ties_and_modules_with_their_tensors():
     assert spec.split(spec.nbytes) == [spec]
     with pytest.raises(ValueError, match="max_bytes must be positive"):
         spec.split(0)
+
+
+def test_a_complex_tensor_is_refused_naming_its_dtype():
+    """The service holds no complex dtype (Llama 4's vision freqs_ci): the
+    error says that, not what the recorder could not follow."""
+    class C(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("freqs", torch.polar(torch.ones(3), torch.arange(3.0)),
+                                 persistent=False)
+
+    with mz.meta_device():
+        model = C()
+    with pytest.raises(mz.CaptureError, match=r"freqs \(C\): its dtype torch\.complex64 is not one"):
+        mz.describe(model)

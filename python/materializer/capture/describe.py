@@ -31,7 +31,7 @@ import torch
 from materializer.capture import legacy, regions, schemes
 from materializer.capture.program import Entry, Step
 from materializer.capture.recorder import Recorder, storage_key
-from materializer.capture.spec import Spec, TensorDesc, dtype_name
+from materializer.capture.spec import DTYPE_NAMES, Spec, TensorDesc, dtype_name
 from materializer.capture.walk import post_order, slots_in_order, walk
 from materializer.errors import CaptureError
 
@@ -418,6 +418,12 @@ def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
         entry = by_key[g.key]
         steps = entry.steps
         where = f"{g.root} ({g.owner_class})"
+        if g.tensor.dtype not in DTYPE_NAMES:
+            # Whatever the init code did, the service cannot hold it.
+            problems.append(f"{where}: its dtype {g.tensor.dtype} is not one the "
+                            "service holds (floating, integer and bool dtypes; no "
+                            "complex); give the model that tensor after materialize()")
+            continue
         if math.prod(entry.shape) == 0:
             # No element, so nothing to initialize (or to leave unwritten).
             entry.steps = steps = [Step(schemes.empty(), None)]
