@@ -389,35 +389,11 @@ absl::StatusOr<Interval> LeafBounds(const v1::InitScheme& scheme,
     case v1::InitScheme::kXavierNormal:
     case v1::InitScheme::kKaimingUniform:
     case v1::InitScheme::kKaimingNormal: {
-      absl::StatusOr<Fans> fans = FanInAndFanOut(target.full_shape());
-      if (!fans.ok()) return fans.status();
-      double std = 0;
-      bool uniform = false;
-      if (scheme.has_xavier_uniform() || scheme.has_xavier_normal()) {
-        uniform = scheme.has_xavier_uniform();
-        absl::StatusOr<double> gain =
-            ResolveGain(uniform ? scheme.xavier_uniform().gain()
-                                : scheme.xavier_normal().gain(),
-                        "gain");
-        if (!gain.ok()) return gain.status();
-        std = XavierStd(*fans, *gain);
-      } else {
-        uniform = scheme.has_kaiming_uniform();
-        const KaimingParams p =
-            uniform ? GetKaimingParams(scheme.kaiming_uniform().a(),
-                                       scheme.kaiming_uniform().mode(),
-                                       scheme.kaiming_uniform().nonlinearity())
-                    : GetKaimingParams(scheme.kaiming_normal().a(),
-                                       scheme.kaiming_normal().mode(),
-                                       scheme.kaiming_normal().nonlinearity());
-        const int64_t fan =
-            p.mode == FanMode::kFanIn ? fans->fan_in : fans->fan_out;
-        absl::StatusOr<double> gain = CalculateGain(p.nonlinearity, p.a);
-        if (!gain.ok()) return gain.status();
-        std = KaimingStd(fan, *gain);
-      }
-      const double bound =
-          uniform ? UniformBoundForStd(std) : kNormalDrawBound * std;
+      absl::StatusOr<FanSpread> spread =
+          FanSchemeSpread(scheme, target.full_shape());
+      if (!spread.ok()) return spread.status();
+      const double bound = spread->uniform ? UniformBoundForStd(spread->std)
+                                           : kNormalDrawBound * spread->std;
       return Interval{-bound, bound};
     }
     case v1::InitScheme::kArange: {

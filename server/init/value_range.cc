@@ -148,49 +148,26 @@ absl::Status CheckFanScheme(const v1::InitScheme& scheme,
   // No element, nothing drawn (and the fans of an empty shape can be
   // meaningless).
   if (target.full_numel() == 0) return absl::OkStatus();
-  const Fans fans = FanInAndFanOut(target.full_shape()).value();
-  double std = 0;
-  bool uniform = false;
-  std::string field;
-  switch (scheme.scheme_case()) {
-    case v1::InitScheme::kXavierUniform:
-    case v1::InitScheme::kXavierNormal: {
-      uniform = scheme.has_xavier_uniform();
-      const v1::Gain& gain = uniform ? scheme.xavier_uniform().gain()
-                                     : scheme.xavier_normal().gain();
-      std = XavierStd(fans, ResolveGain(gain, "gain").value());
-      field = uniform ? "xavier_uniform.gain" : "xavier_normal.gain";
-      break;
-    }
-    case v1::InitScheme::kKaimingUniform:
-    case v1::InitScheme::kKaimingNormal: {
-      uniform = scheme.has_kaiming_uniform();
-      const KaimingParams p =
-          uniform ? GetKaimingParams(scheme.kaiming_uniform().a(),
-                                     scheme.kaiming_uniform().mode(),
-                                     scheme.kaiming_uniform().nonlinearity())
-                  : GetKaimingParams(scheme.kaiming_normal().a(),
-                                     scheme.kaiming_normal().mode(),
-                                     scheme.kaiming_normal().nonlinearity());
-      const int64_t fan =
-          p.mode == FanMode::kFanIn ? fans.fan_in : fans.fan_out;
-      std = KaimingStd(fan, CalculateGain(p.nonlinearity, p.a).value());
-      field = uniform ? "kaiming_uniform.a" : "kaiming_normal.a";
-      break;
-    }
-    default:
-      return absl::OkStatus();
-  }
+  const std::string field =
+      scheme.has_xavier_uniform()   ? "xavier_uniform.gain"
+      : scheme.has_xavier_normal()  ? "xavier_normal.gain"
+      : scheme.has_kaiming_uniform() ? "kaiming_uniform.a"
+      : scheme.has_kaiming_normal() ? "kaiming_normal.a"
+                                    : "";
+  if (field.empty()) return absl::OkStatus();
+  const FanSpread spread = FanSchemeSpread(scheme, target.full_shape()).value();
   // Uniform: torch's uniform_ needs the width 2 * bound within the dtype;
   // normal: the draws reach 9 std.
-  const double extent =
-      uniform ? 2 * UniformBoundForStd(std) : kNormalDrawBound * std;
+  const double extent = spread.uniform ? 2 * UniformBoundForStd(spread.std)
+                                       : kNormalDrawBound * spread.std;
   return Within(
       extent, target.dtype,
-      absl::StrCat(
-          field, ": ", DescribeScheme(scheme), " on shape ", ShapeText(target),
-          uniform ? " draws from [-bound, bound], whose width"
-                  : " has a std of " + ShortNumber(std) + ", and 9 std"));
+      absl::StrCat(field, ": ", DescribeScheme(scheme), " on shape ",
+                   ShapeText(target),
+                   spread.uniform
+                       ? " draws from [-bound, bound], whose width"
+                       : " has a std of " + ShortNumber(spread.std) +
+                             ", and 9 std"));
 }
 
 absl::Status CheckArange(const v1::Arange& arange,
@@ -303,6 +280,40 @@ absl::Status CheckRope(const v1::RopeInvFreq& rope,
 }
 
 }  // namespace
+
+absl::StatusOr<FanSpread> FanSchemeSpread(const v1::InitScheme& scheme,
+                                          const std::vector<int64_t>& shape) {
+  absl::StatusOr<Fans> fans = FanInAndFanOut(shape);
+  if (!fans.ok()) return fans.status();
+  FanSpread out;
+  if (scheme.has_xavier_uniform() || scheme.has_xavier_normal()) {
+    out.uniform = scheme.has_xavier_uniform();
+    absl::StatusOr<double> gain =
+        ResolveGain(out.uniform ? scheme.xavier_uniform().gain()
+                                : scheme.xavier_normal().gain(),
+                    "gain");
+    if (!gain.ok()) return gain.status();
+    out.std = XavierStd(*fans, *gain);
+    return out;
+  }
+  if (scheme.has_kaiming_uniform() || scheme.has_kaiming_normal()) {
+    out.uniform = scheme.has_kaiming_uniform();
+    const KaimingParams p =
+        out.uniform ? GetKaimingParams(scheme.kaiming_uniform().a(),
+                                       scheme.kaiming_uniform().mode(),
+                                       scheme.kaiming_uniform().nonlinearity())
+                    : GetKaimingParams(scheme.kaiming_normal().a(),
+                                       scheme.kaiming_normal().mode(),
+                                       scheme.kaiming_normal().nonlinearity());
+    const int64_t fan = p.mode == FanMode::kFanIn ? fans->fan_in : fans->fan_out;
+    absl::StatusOr<double> gain = CalculateGain(p.nonlinearity, p.a);
+    if (!gain.ok()) return gain.status();
+    out.std = KaimingStd(fan, *gain);
+    return out;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(DescribeScheme(scheme), " is not a fan-based scheme"));
+}
 
 absl::Status CheckValueRange(const v1::InitScheme& scheme,
                              const spec::TensorDesc& target) {

@@ -16,7 +16,11 @@
 //
 // Thread-safe: pure functions. No LibTorch.
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "materializer/v1/materializer.pb.h"
 #include "server/spec/tensor_desc.h"
 
@@ -27,6 +31,17 @@ namespace materializer::init {
 // CUDA one (curand) 8.66, the portable one 8.57 (float64) or 5.77
 // (float32). A normal-based scheme is valid when mean + 9 std fits.
 inline constexpr double kNormalDrawBound = 9.0;
+
+// The spread of a fan-based scheme (xavier_*, kaiming_*) filling `shape`:
+// its std, and whether it draws uniformly (over [-sqrt(3) std, sqrt(3)
+// std]) or normally, as torch.nn.init computes them. INVALID_ARGUMENT for
+// any other scheme, or parameters whose gain or fans cannot be computed.
+struct FanSpread {
+  double std = 0.0;
+  bool uniform = false;
+};
+absl::StatusOr<FanSpread> FanSchemeSpread(const v1::InitScheme& scheme,
+                                          const std::vector<int64_t>& shape);
 
 // Checks that every value `scheme` can write into `target` (its full
 // shape and dtype: the whole tensor, or an init step's region) is finite

@@ -646,17 +646,7 @@ class Recorder(TorchFunctionMode):
         else:
             current = entry.evaluate(box.region, self.limit)
         view = box.view(current)
-
-        def sub(x):
-            if x is target:
-                return view
-            if isinstance(x, torch.Tensor) and x.device.type == "meta":
-                return self.values_of(x)
-            if isinstance(x, torch.device) or (isinstance(x, str) and x == "meta"):
-                return torch.device("cpu")
-            return x
-
-        cargs, ckwargs = tree_map(sub, (args, kwargs))
+        cargs, ckwargs = tree_map(sub_of(view), (args, kwargs))
         with torch.no_grad():
             func(*cargs, **ckwargs)
         entry.write(_literal(current), box.region)
