@@ -5,10 +5,14 @@ promises: TLS identities from Secrets and no insecure mode, a locked-down
 security context, Guaranteed QoS sized from the CPU pool, an in-memory
 /dev/shm for exports, probes on the plaintext health port, a termination
 grace that covers the server's drain, a PodDisruptionBudget, a
-NetworkPolicy, Prometheus scraping, stable replica names for scale-out,
-and flags the server actually has. The co-located trainer examples are
-validated the same way."""
+NetworkPolicy, Prometheus scraping, stable replica names for scale-out built from the
+pod's namespace and a configurable cluster domain, an image that is a
+placeholder until the user sets theirs (and the settings a user's own
+overlay makes: image, namespace, cluster domain), and flags the server
+actually has. The co-located trainer examples are validated the same
+way."""
 
+import os
 import pathlib
 import re
 import shutil
@@ -31,6 +35,10 @@ SCRAPE_CONFIG = REPO / "deploy" / "prometheus" / "scrape-config.yaml"
 LATEST = kubernetes_validate.latest_version()
 OLDEST = {"kustomize": "1.30.0", "examples": "1.34.0"}
 SERVER_IMAGE = "materializerd"
+# What the manifests carry until a user sets their image: a name under the
+# reserved .invalid domain, which never resolves.
+PLACEHOLDER = "registry.invalid/materializerd"
+SETTINGS = "materializerd-settings"
 MAIN_SERVICE = "materializer.v1.Materializer"
 OVERHEAD_FLOOR = 2 << 30
 
@@ -44,8 +52,8 @@ def kubectl():
     return path
 
 
-def render(name):
-    out = subprocess.run([kubectl(), "kustomize", str(K8S / name)],
+def render(name, root=K8S):
+    out = subprocess.run([kubectl(), "kustomize", str(root / name)],
                          capture_output=True, text=True)
     assert out.returncode == 0, f"kubectl kustomize {name}: {out.stderr}"
     return [o for o in yaml.safe_load_all(out.stdout) if o]
@@ -72,9 +80,18 @@ def pod_spec(obj):
     return obj["spec"]["template"]["spec"]
 
 
+def image_parts(image):
+    """(repository, tag or None, digest or None) of an image reference."""
+    image, _, digest = image.partition("@")
+    repository, tag = image, None
+    if ":" in image.rsplit("/", 1)[-1]:
+        repository, tag = image.rsplit(":", 1)
+    return repository, tag, digest or None
+
+
 def server_containers(spec):
     return [c for c in spec.get("containers", []) + spec.get("initContainers", [])
-            if c["image"].split(":")[0].split("/")[-1] == SERVER_IMAGE]
+            if image_parts(c["image"])[0].split("/")[-1] == SERVER_IMAGE]
 
 
 def expanded_args(container):
@@ -93,6 +110,43 @@ def flags(container):
         name, _, value = arg.partition("=")
         out[name] = value
     return out
+
+
+def pod_env(container, pod_name, namespace, objects):
+    """The container's environment as the kubelet gives it to the pod
+    `pod_name` in `namespace`: literal values, the downward API's name
+    and namespace, and ConfigMap keys from the rendered `objects`."""
+    config_maps = {o["metadata"]["name"]: o for o in objects
+                   if o["kind"] == "ConfigMap"}
+    env = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+            continue
+        source = e["valueFrom"]
+        if "fieldRef" in source:
+            field = source["fieldRef"]["fieldPath"]
+            env[e["name"]] = {"metadata.name": pod_name,
+                              "metadata.namespace": namespace}[field]
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            cm = config_maps.get(ref["name"])
+            assert cm is not None, f"no ConfigMap {ref['name']} is rendered"
+            assert cm["metadata"].get("namespace", "default") == namespace, \
+                cm["metadata"]
+            env[e["name"]] = cm["data"][ref["key"]]
+    return env
+
+
+def advertised(objects, ordinal=0):
+    """What replica `ordinal` of the rendered StatefulSet passes to
+    --advertise, with every $(VAR) expanded as the kubelet does."""
+    ss = one(objects, "StatefulSet")
+    namespace = ss["metadata"].get("namespace", "default")
+    c = server_containers(pod_spec(ss))[0]
+    env = pod_env(c, f"{ss['metadata']['name']}-{ordinal}", namespace, objects)
+    value = flags(c)["--advertise"]
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
 
 
 def port_of(address):
@@ -149,7 +203,8 @@ def test_overlays_render_the_same_objects(rendered):
              for n, objs in rendered.items()}
     assert kinds["overlays/cpu"] == kinds["overlays/gpu"] == kinds["base"]
     assert {k for k, _ in kinds["base"]} == {
-        "StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy"}
+        "StatefulSet", "Service", "PodDisruptionBudget", "NetworkPolicy",
+        "ConfigMap"}
     for overlay in ("overlays/cpu", "overlays/gpu"):
         for o in rendered[overlay]:
             assert o["metadata"].get("namespace") == "materializer", o["kind"]
@@ -418,11 +473,111 @@ def test_replicas_have_stable_advertised_names(rendered):
         assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == \
             "metadata.namespace"
         f = flags(c)
+        # Nothing of the namespace or the cluster domain is written in: the
+        # pod's namespace from the downward API, the domain from the
+        # settings ConfigMap (cluster.local unless an overlay says else).
         assert f["--advertise"] == (
             f"$(POD_NAME).{svc['metadata']['name']}.$(POD_NAMESPACE)"
-            f".svc.cluster.local:{port_of(f['--listen'])}"), f["--advertise"]
+            f".svc.$(CLUSTER_DOMAIN):{port_of(f['--listen'])}"), f["--advertise"]
+        namespace = ss["metadata"].get("namespace", "default")
+        assert advertised(objects, 1) == (
+            f"{ss['metadata']['name']}-1.{svc['metadata']['name']}."
+            f"{namespace}.svc.cluster.local:{port_of(f['--listen'])}")
         assert [p["port"] for p in svc["spec"]["ports"]] == \
             [port_of(f["--listen"])]
+
+
+# ---- the image and a user's settings ------------------------------------
+
+
+def test_images_are_placeholders_until_set(rendered, examples):
+    """Until a user sets theirs, every image is a name under the reserved
+    .invalid domain (a forgotten setting fails to pull under that name; it
+    never pulls something else), and the server's is tagged with the image
+    variant its pods need."""
+    variant = {"overlays/cpu": "cpu", "overlays/gpu": "gpu",
+               "colocated-trainer-cpu.yaml": "cpu",
+               "colocated-trainer-gpu.yaml": "gpu"}
+    for name, workload in all_pod_workloads(rendered, examples):
+        spec = pod_spec(workload)
+        for c in spec["containers"] + spec.get("initContainers", []):
+            repository, tag, _ = image_parts(c["image"])
+            assert repository.split("/")[0] == "registry.invalid", \
+                (name, c["image"])
+            assert tag != "latest", (name, c["image"])
+        servers = server_containers(spec)
+        assert servers, name
+        for c in servers:
+            assert image_parts(c["image"]) == \
+                (PLACEHOLDER, variant.get(name), None), (name, c["image"])
+        if name in variant:
+            gpus = flags(servers[0])["--devices"].startswith("cuda:")
+            assert (variant[name] == "gpu") == gpus, (name, c["image"])
+
+
+USER_REPOSITORY = "registry.example.com:5000/ml/materializerd"
+USER_DIGEST = "sha256:" + "0123456789abcdef" * 4
+USER_NAMESPACE = "ml-serving"
+USER_DOMAIN = "k8s.example.internal"
+
+
+def with_user_settings(kustomization, image):
+    """`kustomization` with the user's namespace, image (by the
+    placeholder's name, as `kustomize edit set image` writes it) and
+    cluster domain."""
+    k = dict(kustomization)
+    k["namespace"] = USER_NAMESPACE
+    k["images"] = [i for i in k.get("images", [])
+                   if i["name"] != PLACEHOLDER] + [image]
+    k["configMapGenerator"] = k.get("configMapGenerator", []) + [{
+        "name": SETTINGS, "behavior": "merge",
+        "literals": [f"cluster-domain={USER_DOMAIN}"]}]
+    return k
+
+
+@pytest.mark.parametrize("where", ["own overlay", "edited overlay"])
+@pytest.mark.parametrize("pin", ["tag", "digest"])
+@pytest.mark.parametrize("overlay", ["overlays/cpu", "overlays/gpu"])
+def test_user_sets_image_namespace_and_cluster_domain(overlay, pin, where,
+                                                      tmp_path):
+    """The two ways deploy/README.md gives: an overlay of one's own on top
+    of ours, or ours edited in place. Either way the rendered replicas run
+    the user's image in the user's namespace and advertise their names
+    under the user's cluster domain, and nothing of the defaults is left."""
+    variant = overlay.split("/")[1]
+    image = {"name": PLACEHOLDER, "newName": USER_REPOSITORY}
+    if pin == "tag":
+        image["newTag"] = f"1.4.2-{variant}"
+        expected = f"{USER_REPOSITORY}:1.4.2-{variant}"
+    else:
+        image["digest"] = USER_DIGEST
+        expected = f"{USER_REPOSITORY}@{USER_DIGEST}"
+    if where == "own overlay":
+        root, name = tmp_path, "mine"
+        (root / name).mkdir()
+        theirs = {"apiVersion": "kustomize.config.k8s.io/v1beta1",
+                  "kind": "Kustomization",
+                  "resources": [os.path.relpath(K8S / overlay, root / name)]}
+    else:
+        root, name = tmp_path / "k8s", overlay
+        shutil.copytree(K8S, root)
+        theirs = yaml.safe_load((root / name / "kustomization.yaml").read_text())
+    (root / name / "kustomization.yaml").write_text(
+        yaml.safe_dump(with_user_settings(theirs, image)))
+    objects = render(name, root)
+
+    assert {o["metadata"].get("namespace") for o in objects} == \
+        {USER_NAMESPACE}, [(o["kind"], o["metadata"]) for o in objects]
+    ss = one(objects, "StatefulSet")
+    assert [c["image"] for c in server_containers(pod_spec(ss))] == [expected]
+    port = port_of(flags(server_containers(pod_spec(ss))[0])["--listen"])
+    assert advertised(objects, 0) == (
+        f"materializerd-0.materializerd.{USER_NAMESPACE}.svc.{USER_DOMAIN}"
+        f":{port}")
+    text = yaml.safe_dump_all(objects)
+    assert "registry.invalid" not in text and "cluster.local" not in text
+    for o in objects:
+        kubernetes_validate.validate(o, LATEST, strict=True)
 
 
 def test_every_flag_the_manifests_pass_is_a_server_flag(rendered, examples):
