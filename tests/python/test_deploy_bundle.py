@@ -294,3 +294,59 @@ def test_torch_libraries_are_not_modified_by_bundling(bundle):
     assert re.search(r"\$ORIGIN/\.\./lib/torch/lib",
                      " ".join(bundler.dynamic_paths(
                          bundle / "bin" / "materializerd")))
+
+
+def test_cpu_only_libtorch_makes_a_bundle_without_cuda(tmp_path):
+    """What the cpu image's build stage relies on: from a LibTorch without
+    CUDA (the +cpu wheel's layout: torch/lib with libtorch, libtorch_cpu,
+    libc10), the bundle has no lib/nvidia and BUILDINFO.json says so in
+    the words deploy/Dockerfile checks for. Stand-in libraries and binaries
+    of the same layout, built here, make it independent of the wheel this
+    checkout has."""
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.fail("gcc is needed (./dev setup installs it)", pytrace=False)
+    lib = tmp_path / "site-packages" / "torch" / "lib"
+    lib.mkdir(parents=True)
+
+    def build(out, source, *flags):
+        src = tmp_path / (out.name + ".c")
+        src.write_text(source)
+        subprocess.run([cc, "-o", str(out), str(src), *flags], check=True)
+
+    shared = ["-shared", "-fPIC", f"-L{lib}", "-Wl,-rpath,$ORIGIN"]
+    build(lib / "libc10.so", "int c10(void) { return 10; }\n", *shared)
+    build(lib / "libtorch_cpu.so",
+          "int c10(void);\nint torch_cpu(void) { return c10() + 1; }\n",
+          *shared, "-lc10")
+    build(lib / "libtorch.so",
+          "int torch_cpu(void);\nint torch(void) { return torch_cpu() + 1; }\n",
+          *shared, "-ltorch_cpu")
+    server, matctl = tmp_path / "materializerd", tmp_path / "matctl"
+    build(server, "#include <stdio.h>\nint torch(void);\n"
+          "int main(void) { printf(\"%d\\n\", torch()); return 0; }\n",
+          f"-L{lib}", f"-Wl,-rpath,{lib}", "-Wl,--no-as-needed", "-ltorch",
+          "-ltorch_cpu", "-lc10")
+    build(matctl, "int main(void) { return 0; }\n")
+
+    out = tmp_path / "bundle"
+    rc = bundler.main(["--server", str(server), "--matctl", str(matctl),
+                       "--out", str(out)])
+    assert rc == 0
+    assert not (out / "lib" / "nvidia").exists()
+    assert sorted(p.name for p in (out / "lib" / "torch" / "lib").iterdir()) \
+        == ["libc10.so", "libtorch.so", "libtorch_cpu.so"]
+    where = unpack(out, tmp_path / "unpacked")
+    run = subprocess.run([*EMPTY_ENV, str(where / "bin" / "materializerd")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.stdout == "12\n", run
+    info_text = (out / "share" / "materializer" / "BUILDINFO.json").read_text()
+    assert json.loads(info_text)["cuda_runtime"].startswith("none")
+    assert "min_nvidia_driver" not in json.loads(info_text)
+    # The cpu stage of deploy/Dockerfile fails its build unless
+    # BUILDINFO.json holds this text.
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    checked = re.search(r"grep -q '([^']+)' /bundle/share/materializer/"
+                        r"BUILDINFO\.json", dockerfile)
+    assert checked, "deploy/Dockerfile no longer checks BUILDINFO.json"
+    assert checked.group(1) in info_text, (checked.group(1), info_text)
