@@ -148,7 +148,7 @@ at::Tensor RunWhole(const at::Tensor& leaf, const ParsedElementwise& program);
 // the whole tensor does.
 at::Tensor RunElementwiseTorch(const at::Tensor& leaf,
                                const ParsedElementwise& program) {
-  constexpr int64_t kChunk = int64_t{1} << 16;
+  constexpr int64_t kChunk = int64_t{1} << 18;
   if (leaf.numel() <= 2 * kChunk || !leaf.is_contiguous()) {
     return RunWhole(leaf, program);
   }
@@ -207,11 +207,11 @@ at::Tensor RunElementwisePortable(const at::Tensor& leaf,
   const at::Tensor in = leaf.to(wide ? at::kDouble : at::kFloat).contiguous();
   at::Tensor out = in;  // in place: each block is read before it is written
   if (wide) {
-    portable::RunElementwiseF64(program.ops, in.const_data_ptr<double>(),
+    portable::RunElementwise(program.ops, in.const_data_ptr<double>(),
                                 out.mutable_data_ptr<double>(), in.numel(),
                                 threads);
   } else {
-    portable::RunElementwiseF64(program.ops, in.const_data_ptr<float>(),
+    portable::RunElementwise(program.ops, in.const_data_ptr<float>(),
                                 out.mutable_data_ptr<float>(), in.numel(),
                                 threads);
   }

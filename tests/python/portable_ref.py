@@ -643,6 +643,132 @@ def pow_f64(x, c):
     return magnitude if (c / 2) == math.floor(c / 2) else -magnitude
 
 
+# float32 programs (every map.dtype but float64): the same functions in
+# float32 arithmetic, every fma correctly rounded (fma32).
+
+EXP_TAYLOR_F32 = [F32(float.fromhex(h)) for h in (
+    "0x1.0p+0", "0x1.0p+0", "0x1.0p-1", "0x1.555556p-3", "0x1.555556p-5",
+    "0x1.111112p-7", "0x1.6c16c2p-10", "0x1.a01a02p-13")]
+
+
+def _f32(v):
+    return np.asarray(v, dtype=F32).reshape(())
+
+
+def exp_f32(x):
+    x = _f32(x)
+    if x <= F32(-104.0):
+        return F32(0.0)
+    if x >= F32(89.0):
+        return F32(np.inf)
+    shifter = F32(float.fromhex("0x1.8p23"))
+    t = fma32(x, F32(float.fromhex("0x1.715476p+0")), shifter)
+    k = t - shifter
+    r = fma32(-k, F32(float.fromhex("0x1.62ep-1")), x)
+    r = fma32(-k, F32(float.fromhex("0x1.0bfbe8p-15")), r)
+    p = EXP_TAYLOR_F32[7]
+    for c in reversed(EXP_TAYLOR_F32[:7]):
+        p = fma32(p, r, c)
+    ki = int(k)
+    k1 = ki // 2
+    k2 = ki - k1
+    return (F32(p) * F32(2.0 ** k1)) * F32(2.0 ** k2)
+
+
+def expm1_f32(x):
+    x = _f32(x)
+    half_ln2 = F32(float.fromhex("0x1.62e430p-2"))
+    if x > half_ln2 or x < -half_ln2:
+        return F32(exp_f32(x) - F32(1.0))
+    p = EXP_TAYLOR_F32[7]
+    for c in reversed(EXP_TAYLOR_F32[1:7]):
+        p = fma32(p, x, c)
+    return F32(x * F32(p))
+
+
+def log_any_f32(x):
+    x = _f32(x)
+    if x < F32(float.fromhex("0x1p-126")):
+        return F32(F32(log_f32(x * F32(2.0 ** 23))) - F32(float.fromhex("0x1.fe2804p+3")))
+    return F32(log_f32(x))
+
+
+def log1p_f32(x):
+    x = _f32(x)
+    u = F32(F32(1.0) + x)
+    if u == F32(1.0):
+        return F32(x)
+    return F32(log_any_f32(u) * F32(x / F32(u - F32(1.0))))
+
+
+def softplus_f32(x):
+    x = _f32(x)
+    return F32(x) if x > F32(20.0) else log1p_f32(exp_f32(x))
+
+
+def pow_f32(x, c):
+    x, c = _f32(x), F32(c)
+    if c == 0.0:
+        return F32(1.0)
+    if c == 1.0:
+        return F32(x)
+    if c == 2.0:
+        return F32(x * x)
+    if c == 3.0:
+        return F32(F32(x * x) * x)
+    if c == 0.5:
+        return F32(np.sqrt(x))
+    if c == -1.0:
+        return F32(F32(1.0) / x)
+    if x == 0.0:
+        return F32(0.0)
+    if x > 0.0:
+        return exp_f32(F32(c * log_any_f32(x)))
+    magnitude = exp_f32(F32(c * log_any_f32(-x)))
+    even = abs(float(c)) >= 2.0 ** 24 or int(c) % 2 == 0
+    return magnitude if even else F32(-magnitude)
+
+
+F32_FUNCTIONS = {"EXP": exp_f32, "LOG": log_any_f32, "EXPM1": expm1_f32,
+                 "LOG1P": log1p_f32, "SOFTPLUS": softplus_f32}
+
+
+def elementwise_op_f32(op, x, y):
+    """elementwise_op in float32: x, y float32 scalars (y None for the
+    constant, which is rounded to float32, as clamp bounds are)."""
+    kind = op["kind"]
+    x = F32(x)
+    other = F32(y) if y is not None else F32(op.get("c", 0.0))
+    first = op.get("constantFirst", False) and y is None
+    with np.errstate(all="ignore"):
+        if kind == "ADD":
+            return F32(x + other)
+        if kind == "SUB":
+            return F32(other - x) if first else F32(x - other)
+        if kind == "MUL":
+            return F32(x * other)
+        if kind == "DIV":
+            return F32(other / x) if first else F32(x / other)
+        if kind == "POW":
+            return pow_f32(x, op.get("c", 0.0))
+        if kind == "NEG":
+            return F32(-x)
+        if kind in F32_FUNCTIONS:
+            return F32(F32_FUNCTIONS[kind](x))
+        if kind == "SQRT":
+            return F32(np.sqrt(x))
+        if kind == "RECIPROCAL":
+            return F32(F32(1.0) / x)
+        if kind == "CLAMP":
+            v = x
+            if "min" in op and v < F32(op["min"]):
+                v = F32(op["min"])
+            if "max" in op and v > F32(op["max"]):
+                v = F32(op["max"])
+            return v
+    raise ValueError(kind)
+
+
 def elementwise_op(op, x, y):
     """One op of a program on one element (op: the JSON mapping of an
     ElementwiseOp, with 'y' an operand value or None for the constant)."""
@@ -686,13 +812,24 @@ def elementwise_op(op, x, y):
     raise ValueError(kind)
 
 
-def run_program(ops, leaf):
-    """The program's last value for each element of `leaf` (float64 out)."""
-    out = np.empty(len(leaf), dtype=np.float64)
-    for i, v0 in enumerate(np.asarray(leaf, dtype=np.float64)):
-        values = [float(v0)]
+def run_program(ops, leaf, compute="float32"):
+    """The program's last value for each element of `leaf`, computed in
+    `compute` (the program's map.dtype: float64, or float32 for every
+    other); float64 or float32 out."""
+    if compute == "float64":
+        out = np.empty(len(leaf), dtype=np.float64)
+        for i, v0 in enumerate(np.asarray(leaf, dtype=np.float64)):
+            values = [float(v0)]
+            for op in ops:
+                y = values[op["y"]] if "y" in op else None
+                values.append(elementwise_op(op, values[op.get("x", 0)], y))
+            out[i] = values[-1]
+        return out
+    out = np.empty(len(leaf), dtype=F32)
+    for i, v0 in enumerate(np.asarray(leaf, dtype=F32)):
+        values = [F32(v0)]
         for op in ops:
             y = values[op["y"]] if "y" in op else None
-            values.append(elementwise_op(op, values[op.get("x", 0)], y))
+            values.append(elementwise_op_f32(op, values[op.get("x", 0)], y))
         out[i] = values[-1]
     return out

@@ -181,6 +181,40 @@ def test_portable_dt_bias_equals_the_reference(server, dtype):
     assert abs(torch.log(dt).mean().item() - (math.log(DT_MIN) + math.log(DT_MAX)) / 2) < 0.4
 
 
+# One program per function, over leaves inside each function's domain (the
+# large and small sides of expm1 both): the server's float32 and float64
+# arithmetic against the reference's, bit for bit.
+EVERY_OP = [
+    ({"a": -80.0, "b": 80.0}, {"kind": "EXP", "x": 0}),
+    ({"a": -0.3, "b": 0.3}, {"kind": "EXPM1", "x": 0}),
+    ({"a": -5.0, "b": 5.0}, {"kind": "EXPM1", "x": 0}),
+    ({"a": 1e-3, "b": 1e4}, {"kind": "LOG", "x": 0}),
+    ({"a": -0.9, "b": 4.0}, {"kind": "LOG1P", "x": 0}),
+    ({"a": -30.0, "b": 30.0}, {"kind": "SOFTPLUS", "x": 0}),
+    ({"a": 0.1, "b": 9.0}, {"kind": "POW", "x": 0, "c": 1.37}),
+    ({"a": -3.0, "b": 3.0}, {"kind": "POW", "x": 0, "c": 5.0}),
+    ({"a": 0.0, "b": 9.0}, {"kind": "SQRT", "x": 0}),
+    ({"a": 0.5, "b": 9.0}, {"kind": "RECIPROCAL", "x": 0}),
+    ({"a": 0.5, "b": 9.0}, {"kind": "DIV", "x": 0, "c": 0.1, "constantFirst": True}),
+    ({"a": -2.0, "b": 2.0}, {"kind": "CLAMP", "x": 0, "min": -0.5, "max": 1.1}),
+]
+
+
+@pytest.mark.parametrize("compute", ["float32", "float64"])
+def test_portable_every_function_equals_the_reference(server, compute):
+    n = 300
+    tensors = []
+    for k, (params, op) in enumerate(EVERY_OP):
+        tensors.append({"name": f"t{k}", "shape": [n], "dtype": compute,
+                        "initSteps": [{"init": {"uniform": params},
+                                       "map": {"dtype": compute, "ops": [op]}}]})
+    got, _ = materialize(server, tensors, rng="RNG_MODE_PORTABLE")
+    for k, (params, op) in enumerate(EVERY_OP):
+        leaf = ref.fill(SEED, f"t{k}", compute, "uniform", params, [n])
+        want = ref.run_program([op], leaf, compute=compute)
+        assert m.same_bits(got[f"t{k}"], torch.from_numpy(want)), (compute, op)
+
+
 def test_portable_shards_of_a_program_and_a_norm_are_slices_of_the_whole(server):
     """dt bias split in 3 and weight norm's g split in 2 along dim 0 (v
     whole, and v itself split along dim 1 so no rank holds the rows its g

@@ -1,7 +1,6 @@
 #include "server/init/portable/elementwise.h"
 
 #include <algorithm>
-#include <functional>
 #include <thread>
 
 #include "server/init/portable/elementwise_block.h"
@@ -17,40 +16,39 @@ constexpr int64_t kMinPerThread = int64_t{1} << 15;
 
 // The AVX2 + FMA build where this CPU has both, else the generic one (the
 // same bits either way).
-internal::ElementwiseBlockFn PickBlock() {
+internal::ElementwiseKernels PickKernels() {
 #if defined(__x86_64__)
-  internal::ElementwiseBlockFn avx2 = internal::ElementwiseBlockAvx2();
-  if (avx2 != nullptr && __builtin_cpu_supports("avx2") &&
+  const internal::ElementwiseKernels avx2 = internal::ElementwiseKernelsAvx2();
+  if (avx2.f32 != nullptr && __builtin_cpu_supports("avx2") &&
       __builtin_cpu_supports("fma")) {
     return avx2;
   }
 #endif
-  return &internal::ElementwiseBlockGeneric;
+  return internal::ElementwiseKernelsGeneric();
 }
 
-template <typename In, typename Out>
-void RunRange(const std::vector<ElementwiseOpDesc>& ops,
-              internal::ElementwiseBlockFn block, const In* leaf, Out* out,
-              int64_t begin, int64_t end) {
+void RunRange(const std::vector<ElementwiseOpDesc>& ops, const float* leaf,
+              float* out, int64_t n) {
+  static const internal::ElementwiseKernels kernels = PickKernels();
+  std::vector<float> regs((ops.size() + 1) * kElementwiseBlock);
+  kernels.f32(ops, leaf, out, n, regs.data());
+}
+
+void RunRange(const std::vector<ElementwiseOpDesc>& ops, const double* leaf,
+              double* out, int64_t n) {
+  static const internal::ElementwiseKernels kernels = PickKernels();
   std::vector<double> regs((ops.size() + 1) * kElementwiseBlock);
-  for (int64_t start = begin; start < end; start += kElementwiseBlock) {
-    const int64_t m = std::min(kElementwiseBlock, end - start);
-    for (int64_t i = 0; i < m; ++i) regs[i] = leaf[start + i];
-    block(ops, regs.data(), m);
-    const double* last = regs.data() + ops.size() * kElementwiseBlock;
-    for (int64_t i = 0; i < m; ++i) out[start + i] = static_cast<Out>(last[i]);
-  }
+  kernels.f64(ops, leaf, out, n, regs.data());
 }
 
-template <typename In, typename Out>
-void Run(const std::vector<ElementwiseOpDesc>& ops, const In* leaf, Out* out,
+template <typename T>
+void Run(const std::vector<ElementwiseOpDesc>& ops, const T* leaf, T* out,
          int64_t n, int threads) {
   if (n <= 0) return;
-  static const internal::ElementwiseBlockFn block = PickBlock();
   const int64_t parts = std::max<int64_t>(
       1, std::min<int64_t>(threads, n / kMinPerThread));
   if (parts == 1) {
-    RunRange(ops, block, leaf, out, 0, n);
+    RunRange(ops, leaf, out, n);
     return;
   }
   // Whole blocks per thread.
@@ -58,10 +56,12 @@ void Run(const std::vector<ElementwiseOpDesc>& ops, const In* leaf, Out* out,
                       kElementwiseBlock * kElementwiseBlock;
   std::vector<std::thread> pool;
   for (int64_t begin = per; begin < n; begin += per) {
-    pool.emplace_back(RunRange<In, Out>, std::cref(ops), block, leaf, out,
-                      begin, std::min(n, begin + per));
+    const int64_t count = std::min(n, begin + per) - begin;
+    pool.emplace_back([&ops, leaf, out, begin, count] {
+      RunRange(ops, leaf + begin, out + begin, count);
+    });
   }
-  RunRange(ops, block, leaf, out, 0, std::min(n, per));
+  RunRange(ops, leaf, out, std::min(n, per));
   for (std::thread& t : pool) t.join();
 }
 
@@ -71,14 +71,17 @@ double ApplyElementwiseOp(const ElementwiseOpDesc& op, double x, double y) {
   return ElementwiseOpValue(op, x, y);
 }
 
-void RunElementwiseF64(const std::vector<ElementwiseOpDesc>& ops,
-                       const double* leaf, double* out, int64_t n,
-                       int threads) {
+float ApplyElementwiseOp(const ElementwiseOpDesc& op, float x, float y) {
+  return ElementwiseOpValue(op, x, y);
+}
+
+void RunElementwise(const std::vector<ElementwiseOpDesc>& ops,
+                    const double* leaf, double* out, int64_t n, int threads) {
   Run(ops, leaf, out, n, threads);
 }
 
-void RunElementwiseF64(const std::vector<ElementwiseOpDesc>& ops,
-                       const float* leaf, float* out, int64_t n, int threads) {
+void RunElementwise(const std::vector<ElementwiseOpDesc>& ops,
+                    const float* leaf, float* out, int64_t n, int threads) {
   Run(ops, leaf, out, n, threads);
 }
 

@@ -3,12 +3,13 @@
 
 // Portable elementwise programs (InitStep.map in RNG_MODE_PORTABLE): value
 // 0 is the step's leaf (its draw or known values), op k makes value k + 1
-// from earlier values and constants, every op in float64 with the exact
+// from earlier values and constants, every op in the program's compute
+// dtype (float64 for map.dtype float64, else float32) with the exact
 // arithmetic of elementwise_math.h. docs/portable-rng.md, section 14,
 // defines each op; the result is the last value.
 //
-//   std::vector<double> values = ...;  // the leaf, widened exactly
-//   RunElementwiseF64(ops, values.data(), values.data(), n, threads);
+//   std::vector<float> values = ...;  // the leaf
+//   RunElementwise(ops, values.data(), values.data(), n, threads);
 //
 // Thread-safe: pure functions over caller-owned buffers. The ops must have
 // passed validation (server/init/elementwise.h): operands refer to earlier
@@ -53,17 +54,17 @@ struct ElementwiseOpDesc {
 };
 
 // Evaluates the program on `n` leaf values (`leaf`, read only) into `out`
-// (may be `leaf`): out[i] = the last value at element i. Splits the work
-// over up to `threads` threads. The leaf is widened to float64 exactly;
-// a float result is the float64 result rounded to nearest (ties to even).
-void RunElementwiseF64(const std::vector<ElementwiseOpDesc>& ops,
-                       const double* leaf, double* out, int64_t n,
-                       int threads);
-void RunElementwiseF64(const std::vector<ElementwiseOpDesc>& ops,
-                       const float* leaf, float* out, int64_t n, int threads);
+// (may be `leaf`): out[i] = the last value at element i, computed in the
+// leaf's dtype (constants rounded to it). Splits the work over up to
+// `threads` threads.
+void RunElementwise(const std::vector<ElementwiseOpDesc>& ops,
+                    const double* leaf, double* out, int64_t n, int threads);
+void RunElementwise(const std::vector<ElementwiseOpDesc>& ops,
+                    const float* leaf, float* out, int64_t n, int threads);
 
 // One op on one element, given the operand values (for tests).
 double ApplyElementwiseOp(const ElementwiseOpDesc& op, double x, double y);
+float ApplyElementwiseOp(const ElementwiseOpDesc& op, float x, float y);
 
 }  // namespace materializer::init::portable
 

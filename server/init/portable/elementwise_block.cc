@@ -11,10 +11,12 @@ namespace materializer::init::portable {
 inline namespace MAT_PORTABLE_ISA {
 namespace {
 
-// One op over a block: the dispatch once, then a plain loop per kind.
-void RunOp(const ElementwiseOpDesc& op, const double* __restrict x,
-           const double* __restrict y, double* __restrict r, int64_t m) {
-  const double c = op.c;
+// One op over a block in compute dtype T: the dispatch once, then a plain
+// loop per kind. Constants and clamp bounds are rounded to T first.
+template <typename T>
+void RunOp(const ElementwiseOpDesc& op, const T* __restrict x,
+           const T* __restrict y, T* __restrict r, int64_t m) {
+  const T c = static_cast<T>(op.c);
   switch (op.kind) {
     case ElementwiseKind::kAdd:
       if (y != nullptr) {
@@ -39,38 +41,67 @@ void RunOp(const ElementwiseOpDesc& op, const double* __restrict x,
         for (int64_t i = 0; i < m; ++i) r[i] = x[i] * c;
       }
       return;
+    case ElementwiseKind::kDiv:
+      if (y != nullptr) {
+        for (int64_t i = 0; i < m; ++i) r[i] = Div(x[i], y[i]);
+      } else if (op.constant_first) {
+        for (int64_t i = 0; i < m; ++i) r[i] = Div(c, x[i]);
+      } else {
+        for (int64_t i = 0; i < m; ++i) r[i] = Div(x[i], c);
+      }
+      return;
+    case ElementwiseKind::kReciprocal:
+      for (int64_t i = 0; i < m; ++i) r[i] = Div(T(1), x[i]);
+      return;
+    case ElementwiseKind::kSqrt:
+      for (int64_t i = 0; i < m; ++i) r[i] = Sqrt(x[i]);
+      return;
+    case ElementwiseKind::kClamp: {
+      // ElementwiseOpValue's selects, one bound at a time.
+      const T lo = static_cast<T>(op.min), hi = static_cast<T>(op.max);
+      if (op.has_min && op.has_max) {
+        for (int64_t i = 0; i < m; ++i) {
+          const T v = x[i] < lo ? lo : x[i];
+          r[i] = v > hi ? hi : v;
+        }
+      } else if (op.has_min) {
+        for (int64_t i = 0; i < m; ++i) r[i] = x[i] < lo ? lo : x[i];
+      } else if (op.has_max) {
+        for (int64_t i = 0; i < m; ++i) r[i] = x[i] > hi ? hi : x[i];
+      } else {
+        for (int64_t i = 0; i < m; ++i) r[i] = x[i];
+      }
+      return;
+    }
     case ElementwiseKind::kNeg:
       for (int64_t i = 0; i < m; ++i) r[i] = -x[i];
       return;
     case ElementwiseKind::kExp:
-      for (int64_t i = 0; i < m; ++i) r[i] = ExpF64(x[i]);
+      for (int64_t i = 0; i < m; ++i) r[i] = ExpOf(x[i]);
       return;
     case ElementwiseKind::kExpm1: {
       // Where the whole block is on one side of ln(2)/2, only that side is
-      // computed (the values are Expm1F64's either way).
-      bool all_small = true, none_small = true;
-      for (int64_t i = 0; i < m; ++i) {
-        const bool small = Expm1IsSmall(x[i]);
-        all_small = all_small && small;
-        none_small = none_small && !small;
-      }
-      if (all_small) {
-        for (int64_t i = 0; i < m; ++i) r[i] = Expm1SmallF64(x[i]);
-      } else if (none_small) {
-        for (int64_t i = 0; i < m; ++i) r[i] = ExpF64(x[i]) - 1.0;
+      // computed (the values are Expm1F64's either way). A count, not two
+      // flags, so that the test vectorizes.
+      int64_t small = 0;
+      for (int64_t i = 0; i < m; ++i) small += Expm1IsSmall(x[i]) ? 1 : 0;
+      if (small == m) {
+        for (int64_t i = 0; i < m; ++i) r[i] = Expm1SmallOf(x[i]);
+      } else if (small == 0) {
+        for (int64_t i = 0; i < m; ++i) r[i] = ExpOf(x[i]) - T(1);
       } else {
-        for (int64_t i = 0; i < m; ++i) r[i] = Expm1F64(x[i]);
+        for (int64_t i = 0; i < m; ++i) r[i] = Expm1Of(x[i]);
       }
       return;
     }
     case ElementwiseKind::kLog:
-      for (int64_t i = 0; i < m; ++i) r[i] = LogAnyF64(x[i]);
+      for (int64_t i = 0; i < m; ++i) r[i] = LogOf(x[i]);
       return;
     case ElementwiseKind::kLog1p:
-      for (int64_t i = 0; i < m; ++i) r[i] = Log1pF64(x[i]);
+      for (int64_t i = 0; i < m; ++i) r[i] = Log1pOf(x[i]);
       return;
     case ElementwiseKind::kSoftplus:
-      for (int64_t i = 0; i < m; ++i) r[i] = SoftplusF64(x[i]);
+      for (int64_t i = 0; i < m; ++i) r[i] = SoftplusOf(x[i]);
       return;
     default:
       for (int64_t i = 0; i < m; ++i) {
@@ -80,8 +111,8 @@ void RunOp(const ElementwiseOpDesc& op, const double* __restrict x,
   }
 }
 
-void RunBlock(const std::vector<ElementwiseOpDesc>& ops, double* regs,
-              int64_t m) {
+template <typename T>
+void RunBlock(const std::vector<ElementwiseOpDesc>& ops, T* regs, int64_t m) {
   constexpr int64_t kB = internal::kElementwiseBlock;
   for (size_t k = 0; k < ops.size(); ++k) {
     const ElementwiseOpDesc& op = ops[k];
@@ -90,16 +121,35 @@ void RunBlock(const std::vector<ElementwiseOpDesc>& ops, double* regs,
   }
 }
 
+// Copies a block of the leaf into value 0, runs the ops, copies the last
+// value into `out`.
+template <typename T>
+void RunRange(const std::vector<ElementwiseOpDesc>& ops, const T* leaf, T* out,
+              int64_t n, void* scratch) {
+  constexpr int64_t kB = internal::kElementwiseBlock;
+  T* regs = static_cast<T*>(scratch);
+  const T* last = regs + ops.size() * kB;
+  for (int64_t start = 0; start < n; start += kB) {
+    const int64_t m = n - start < kB ? n - start : kB;
+    const T* in = leaf + start;
+    for (int64_t i = 0; i < m; ++i) regs[i] = in[i];
+    RunBlock(ops, regs, m);
+    T* o = out + start;
+    for (int64_t i = 0; i < m; ++i) o[i] = last[i];
+  }
+}
+
 }  // namespace
 }  // namespace MAT_PORTABLE_ISA
 
 namespace internal {
 #if defined(MAT_ELEMENTWISE_AVX2)
-ElementwiseBlockFn ElementwiseBlockAvx2() { return &RunBlock; }
+ElementwiseKernels ElementwiseKernelsAvx2() {
+  return {&RunRange<float>, &RunRange<double>};
+}
 #else
-void ElementwiseBlockGeneric(const std::vector<ElementwiseOpDesc>& ops,
-                             double* regs, int64_t m) {
-  RunBlock(ops, regs, m);
+ElementwiseKernels ElementwiseKernelsGeneric() {
+  return {&RunRange<float>, &RunRange<double>};
 }
 #endif
 }  // namespace internal

@@ -1,7 +1,8 @@
 #ifndef MATERIALIZER_SERVER_INIT_PORTABLE_ELEMENTWISE_MATH_H_
 #define MATERIALIZER_SERVER_INIT_PORTABLE_ELEMENTWISE_MATH_H_
 
-// The float64 functions of portable elementwise programs (InitStep.map):
+// The functions of portable elementwise programs (InitStep.map), in float64
+// (programs whose map.dtype is float64) and float32 (every other program):
 // exp, expm1, log (any positive finite input), log1p, softplus and pow by a
 // constant, written with the operations exact_math.h allows (+, -, *, /,
 // sqrt, fma, correctly rounded; bit moves; comparisons) in a fixed order, so
@@ -140,6 +141,88 @@ MAT_HD inline double PowF64(double x, double c) {
   // c is an integer here: odd when c / 2 is not.
   const double shifter = 0x1.8p52;
   const bool even = ((half + shifter) - shifter) == half;
+  return even ? magnitude : -magnitude;
+}
+
+// ---- float32 ---------------------------------------------------------------
+// The same functions in float32 arithmetic, for programs that compute in
+// float32 (the default): 8 lanes per AVX2 vector and polynomials of half the
+// degree, the accuracy a float32 model's own code gets from its framework.
+
+// e^x in float32: the float64 steps with k = round(x / ln 2) by the
+// 1.5 * 2^23 shift, ln 2 split as in LogF32 (0x1.62ep-1 has 13 bits, so
+// k * it is exact for |k| <= 150), and e^r by its Taylor polynomial to
+// r^7 / 7!. x <= -104 gives 0 (e^-104 is below half the smallest
+// subnormal), x >= 89 gives inf.
+MAT_HD inline float ExpF32(float x) {
+  const float shifter = 0x1.8p23f;
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float t = Fma(xc, 0x1.715476p+0f, shifter);
+  const float k = t - shifter;
+  float r = Fma(-k, 0x1.62ep-1f, xc);
+  r = Fma(-k, 0x1.0bfbe8p-15f, r);
+  const float p = Horner(r, 0x1.0p+0f, 0x1.0p+0f, 0x1.0p-1f, 0x1.555556p-3f,
+                         0x1.555556p-5f, 0x1.111112p-7f, 0x1.6c16c2p-10f,
+                         0x1.a01a02p-13f);
+  const uint32_t kb = AsU(t) - AsU(shifter);     // k, two's complement
+  const uint32_t k1 = ((kb + 256u) >> 1) - 128u;  // floor(k / 2)
+  const uint32_t k2 = kb - k1;
+  const float scaled = (p * AsF((k1 + 127u) << 23)) * AsF((k2 + 127u) << 23);
+  const float inf = AsF(uint32_t{0x7f800000u});
+  return x <= -104.0f ? 0.0f : (x >= 89.0f ? inf : scaled);
+}
+
+// e^x - 1 for |x| <= ln(2)/2: x * (1 + x/2 + ... + x^6/7!).
+MAT_HD inline float Expm1SmallF32(float x) {
+  return x * Horner(x, 0x1.0p+0f, 0x1.0p-1f, 0x1.555556p-3f, 0x1.555556p-5f,
+                    0x1.111112p-7f, 0x1.6c16c2p-10f, 0x1.a01a02p-13f);
+}
+
+MAT_HD inline bool Expm1IsSmall(float x) {
+  const float half_ln2 = 0x1.62e430p-2f;
+  return !(x > half_ln2 || x < -half_ln2);
+}
+
+MAT_HD inline float Expm1F32(float x) {
+  const float small = Expm1SmallF32(x);
+  const float large = ExpF32(x) - 1.0f;
+  return Expm1IsSmall(x) ? small : large;
+}
+
+// ln(x) for any positive finite x: LogF32 (the normal draw's log,
+// exact_math.h) for normal x; a subnormal x is scaled by 2^23 first and
+// 23 ln 2 (rounded to float32) subtracted.
+MAT_HD inline float LogAnyF32(float x) {
+  const bool subnormal = x < 0x1p-126f;
+  const float r = LogF32(subnormal ? x * 0x1p23f : x);
+  return subnormal ? r - 0x1.fe2804p+3f : r;
+}
+
+MAT_HD inline float Log1pF32(float x) {
+  const float u = 1.0f + x;
+  const float r = LogAnyF32(u) * Div(x, u - 1.0f);
+  return u == 1.0f ? x : r;
+}
+
+MAT_HD inline float SoftplusF32(float x) {
+  const float r = Log1pF32(ExpF32(x));
+  return x > 20.0f ? x : r;
+}
+
+// x ** c, c already rounded to float32: PowF64's cases in float32.
+MAT_HD inline float PowF32(float x, float c) {
+  if (c == 0.0f) return 1.0f;
+  if (c == 1.0f) return x;
+  if (c == 2.0f) return x * x;
+  if (c == 3.0f) return (x * x) * x;
+  if (c == 0.5f) return Sqrt(x);
+  if (c == -1.0f) return Div(1.0f, x);
+  if (x == 0.0f) return 0.0f;
+  if (x > 0.0f) return ExpF32(c * LogAnyF32(x));
+  const float magnitude = ExpF32(c * LogAnyF32(-x));
+  // c is an integer here; every float32 of magnitude 2^24 or more is even.
+  const bool even = !(c < 0x1p24f && c > -0x1p24f) ||
+                    (static_cast<int32_t>(c) & 1) == 0;
   return even ? magnitude : -magnitude;
 }
 

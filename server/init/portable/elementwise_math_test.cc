@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "server/init/portable/elementwise.h"
@@ -47,6 +48,75 @@ TEST(ElementwiseMath, CloseToLibmOverTheValidatedDomain) {
               static_cast<long long>(log_ulps), static_cast<long long>(log1p_ulps));
 }
 
+// Units in the last place between float a and the float nearest b.
+int64_t Ulps32(float a, double b) {
+  const float fb = static_cast<float>(b);
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &fb, 4);
+  return ia > ib ? int64_t{ia} - ib : int64_t{ib} - ia;
+}
+
+// The float32 functions against glibc's float64 ones rounded to float32
+// (within 1 ulp of float32's true values): section 14's figures.
+TEST(ElementwiseMath, Float32CloseToLibm) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> wide(-87.0f, 88.0f);
+  std::uniform_real_distribution<float> unit(-0.999f, 5.0f);
+  int64_t exp_ulps = 0, expm1_ulps = 0, log_ulps = 0, log1p_ulps = 0,
+          softplus_ulps = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = wide(rng);
+    exp_ulps = std::max(exp_ulps, Ulps32(ExpF32(x), std::exp(double{x})));
+    const float s = x / 100.0f;
+    expm1_ulps =
+        std::max(expm1_ulps, Ulps32(Expm1F32(s), std::expm1(double{s})));
+    const float p = std::exp(x);
+    if (p > 0 && std::isfinite(p)) {
+      log_ulps = std::max(log_ulps, Ulps32(LogAnyF32(p), std::log(double{p})));
+    }
+    const float u = unit(rng);
+    if (u != 0) {
+      log1p_ulps =
+          std::max(log1p_ulps, Ulps32(Log1pF32(u), std::log1p(double{u})));
+    }
+    const float t = x / 4.0f;
+    softplus_ulps = std::max(
+        softplus_ulps,
+        Ulps32(SoftplusF32(t), t > 20 ? t : std::log1p(std::exp(double{t}))));
+  }
+  std::printf(
+      "float32 max ulps vs libm: exp %lld, expm1 %lld, log %lld, log1p %lld, "
+      "softplus %lld\n",
+      static_cast<long long>(exp_ulps), static_cast<long long>(expm1_ulps),
+      static_cast<long long>(log_ulps), static_cast<long long>(log1p_ulps),
+      static_cast<long long>(softplus_ulps));
+  // Within the 4 ulps per op that validation's bounds allow
+  // (server/init/elementwise.cc, Widen).
+  EXPECT_LE(exp_ulps, 2);
+  EXPECT_LE(expm1_ulps, 3);
+  EXPECT_LE(log_ulps, 2);
+  EXPECT_LE(log1p_ulps, 3);
+  EXPECT_LE(softplus_ulps, 4);
+}
+
+TEST(ElementwiseMath, Float32EdgesAsSpecified) {
+  EXPECT_EQ(ExpF32(-104.0f), 0.0f);
+  EXPECT_GT(ExpF32(-103.0f), 0.0f);  // a subnormal, rounded once
+  EXPECT_TRUE(std::isinf(ExpF32(89.0f)));
+  EXPECT_TRUE(std::isinf(ExpF32(88.8f)));
+  EXPECT_FALSE(std::isinf(ExpF32(88.7f)));
+  EXPECT_EQ(ExpF32(0.0f), 1.0f);
+  EXPECT_EQ(Expm1F32(0.0f), 0.0f);
+  EXPECT_EQ(LogAnyF32(1.0f), 0.0f);
+  EXPECT_NEAR(LogAnyF32(1e-40f), std::log(1e-40), 1e-5);
+  EXPECT_EQ(Log1pF32(1e-30f), 1e-30f);
+  EXPECT_EQ(PowF32(-2.0f, 3.0f), -8.0f);
+  EXPECT_NEAR(PowF32(-2.0f, 9.0f), -512.0f, 1e-3);
+  EXPECT_NEAR(PowF32(-2.0f, 10.0f), 1024.0f, 1e-3);
+  EXPECT_EQ(SoftplusF32(30.0f), 30.0f);
+}
+
 TEST(ElementwiseMath, EdgesAsSpecified) {
   EXPECT_EQ(ExpF64(-746.0), 0.0);
   EXPECT_TRUE(std::isinf(ExpF64(710.0)));
@@ -70,46 +140,88 @@ TEST(Elementwise, ThreadsDoNotChangeTheBits) {
   std::vector<double> leaf(300000);
   for (size_t i = 0; i < leaf.size(); ++i) leaf[i] = std::sin(0.001 * i);
   std::vector<double> one(leaf.size()), four(leaf.size());
-  RunElementwiseF64(ops, leaf.data(), one.data(), leaf.size(), 1);
-  RunElementwiseF64(ops, leaf.data(), four.data(), leaf.size(), 4);
+  RunElementwise(ops, leaf.data(), one.data(), leaf.size(), 1);
+  RunElementwise(ops, leaf.data(), four.data(), leaf.size(), 4);
   EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * 8), 0);
   EXPECT_EQ(one[5], Log1pF64(ExpF64(leaf[5])) + leaf[5]);
 }
 
-// The AVX2 build of the block loop (vectorized) and the generic one give
-// the same bits, over every op kind and inputs across the domains.
-TEST(Elementwise, VectorizedAndGenericBlocksAgree) {
-  internal::ElementwiseBlockFn avx2 = internal::ElementwiseBlockAvx2();
-  if (avx2 == nullptr || !__builtin_cpu_supports("avx2") ||
+// The AVX2 build of the range loop (vectorized) and the generic one give
+// the same bits, over every op kind and inputs across the domains, for
+// float64 and float32 leaves (the widening and narrowing run in the same
+// builds).
+TEST(Elementwise, VectorizedAndGenericBuildsAgree) {
+  const internal::ElementwiseKernels avx2 = internal::ElementwiseKernelsAvx2();
+  if (avx2.f64 == nullptr || !__builtin_cpu_supports("avx2") ||
       !__builtin_cpu_supports("fma")) {
     GTEST_SKIP() << "no AVX2 + FMA here";
   }
-  const int64_t B = internal::kElementwiseBlock;
+  const internal::ElementwiseKernels generic =
+      internal::ElementwiseKernelsGeneric();
+  // Two blocks and a partial one.
+  const int64_t n = 2 * internal::kElementwiseBlock + 77;
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> dist(-800.0, 800.0);
   std::uniform_real_distribution<double> positive(0.0, 1.0);
-  for (ElementwiseKind kind :
-       {ElementwiseKind::kExp, ElementwiseKind::kExpm1, ElementwiseKind::kLog,
-        ElementwiseKind::kLog1p, ElementwiseKind::kSoftplus,
-        ElementwiseKind::kPow, ElementwiseKind::kSqrt,
-        ElementwiseKind::kReciprocal}) {
+  struct Case {
+    ElementwiseKind kind;
+    bool constant_first = false;
+    bool has_min = false, has_max = false;
+  };
+  for (const Case& c : std::vector<Case>{
+           {ElementwiseKind::kExp}, {ElementwiseKind::kExpm1},
+           {ElementwiseKind::kLog}, {ElementwiseKind::kLog1p},
+           {ElementwiseKind::kSoftplus}, {ElementwiseKind::kPow},
+           {ElementwiseKind::kSqrt}, {ElementwiseKind::kReciprocal},
+           {ElementwiseKind::kDiv}, {ElementwiseKind::kDiv, true},
+           {ElementwiseKind::kSub, true}, {ElementwiseKind::kNeg},
+           {ElementwiseKind::kClamp, false, true, false},
+           {ElementwiseKind::kClamp, false, false, true},
+           {ElementwiseKind::kClamp, false, true, true}}) {
     std::vector<ElementwiseOpDesc> ops(1);
-    ops[0].kind = kind;
+    ops[0].kind = c.kind;
     ops[0].c = 1.7;
-    std::vector<double> a(2 * B), b(2 * B);
-    for (int64_t i = 0; i < B; ++i) {
+    ops[0].constant_first = c.constant_first;
+    ops[0].has_min = c.has_min;
+    ops[0].has_max = c.has_max;
+    ops[0].min = -3.5;
+    ops[0].max = 2.25;
+    std::vector<double> leaf(n);
+    for (int64_t i = 0; i < n; ++i) {
       double x = dist(rng) / ((i % 3) + 1) / ((i % 7 == 0) ? 1000.0 : 1.0);
-      if (kind == ElementwiseKind::kLog || kind == ElementwiseKind::kSqrt ||
-          kind == ElementwiseKind::kPow) {
+      if (c.kind == ElementwiseKind::kLog || c.kind == ElementwiseKind::kSqrt ||
+          c.kind == ElementwiseKind::kPow) {
         x = std::fabs(x) * (i % 5 == 0 ? 1e-310 : 1.0);
       }
-      if (kind == ElementwiseKind::kLog1p) x = positive(rng) * 3 - 0.9999;
-      a[i] = b[i] = x;
+      if (c.kind == ElementwiseKind::kLog1p) x = positive(rng) * 3 - 0.9999;
+      leaf[i] = x;
     }
-    internal::ElementwiseBlockGeneric(ops, a.data(), B);
-    avx2(ops, b.data(), B);
-    EXPECT_EQ(std::memcmp(a.data() + B, b.data() + B, B * 8), 0)
-        << "kind " << static_cast<int>(kind);
+    std::vector<double> regs(2 * internal::kElementwiseBlock);
+    std::vector<double> a(n), b(n);
+    generic.f64(ops, leaf.data(), a.data(), n, regs.data());
+    avx2.f64(ops, leaf.data(), b.data(), n, regs.data());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), n * 8), 0)
+        << "kind " << static_cast<int>(c.kind);
+    std::vector<float> leaf32(leaf.begin(), leaf.end()), a32(n), b32(n);
+    generic.f32(ops, leaf32.data(), a32.data(), n, regs.data());
+    avx2.f32(ops, leaf32.data(), b32.data(), n, regs.data());
+    EXPECT_EQ(std::memcmp(a32.data(), b32.data(), n * 4), 0)
+        << "kind " << static_cast<int>(c.kind) << " (float32)";
+    // And both are the definition, element by element.
+    for (int64_t i = 0; i < n; i += 37) {
+      const double want = ApplyElementwiseOp(ops[0], leaf[i], ops[0].c);
+      if (!std::isnan(want)) {
+        EXPECT_EQ(std::memcmp(&a[i], &want, 8), 0)
+            << "kind " << static_cast<int>(c.kind) << " at " << leaf[i];
+      }
+      const float want32 = ApplyElementwiseOp(
+          ops[0], leaf32[i], static_cast<float>(ops[0].c));
+      if (!std::isnan(want32)) {
+        EXPECT_EQ(std::memcmp(&a32[i], &want32, 4), 0)
+            << "kind " << static_cast<int>(c.kind) << " at " << leaf32[i]
+            << " (float32)";
+      }
+    }
   }
 }
 
