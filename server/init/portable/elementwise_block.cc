@@ -111,31 +111,41 @@ void RunOp(const ElementwiseOpDesc& op, const T* __restrict x,
   }
 }
 
+// Runs the program over one block: value 0 is read straight from the
+// leaf and the last op writes straight into `out`, unless that op reads
+// the leaf and `out` is the leaf (in place), when it goes through the
+// scratch value and a copy (RunOp's operands never alias its result).
 template <typename T>
-void RunBlock(const std::vector<ElementwiseOpDesc>& ops, T* regs, int64_t m) {
+void RunBlock(const std::vector<ElementwiseOpDesc>& ops, const T* leaf, T* out,
+              T* regs, int64_t m) {
   constexpr int64_t kB = internal::kElementwiseBlock;
-  for (size_t k = 0; k < ops.size(); ++k) {
+  const size_t n_ops = ops.size();
+  auto value = [&](int64_t v) -> const T* {
+    return v == 0 ? leaf : regs + (v - 1) * kB;
+  };
+  for (size_t k = 0; k < n_ops; ++k) {
     const ElementwiseOpDesc& op = ops[k];
-    RunOp(op, regs + op.x * kB, op.y >= 0 ? regs + op.y * kB : nullptr,
-          regs + (k + 1) * kB, m);
+    const bool last = k + 1 == n_ops;
+    const bool reads_leaf = op.x == 0 || op.y == 0;
+    T* result = last && !(reads_leaf && out == leaf) ? out : regs + k * kB;
+    RunOp(op, value(op.x), op.y >= 0 ? value(op.y) : nullptr, result, m);
+    if (last && result != out) {
+      for (int64_t i = 0; i < m; ++i) out[i] = result[i];
+    }
+  }
+  if (n_ops == 0 && out != leaf) {
+    for (int64_t i = 0; i < m; ++i) out[i] = leaf[i];
   }
 }
 
-// Copies a block of the leaf into value 0, runs the ops, copies the last
-// value into `out`.
 template <typename T>
 void RunRange(const std::vector<ElementwiseOpDesc>& ops, const T* leaf, T* out,
               int64_t n, void* scratch) {
   constexpr int64_t kB = internal::kElementwiseBlock;
   T* regs = static_cast<T*>(scratch);
-  const T* last = regs + ops.size() * kB;
   for (int64_t start = 0; start < n; start += kB) {
     const int64_t m = n - start < kB ? n - start : kB;
-    const T* in = leaf + start;
-    for (int64_t i = 0; i < m; ++i) regs[i] = in[i];
-    RunBlock(ops, regs, m);
-    T* o = out + start;
-    for (int64_t i = 0; i < m; ++i) o[i] = last[i];
+    RunBlock(ops, leaf + start, out + start, regs, m);
   }
 }
 

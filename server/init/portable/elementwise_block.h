@@ -20,8 +20,8 @@ inline constexpr int64_t kElementwiseBlock = 256;
 
 // Runs the program over elements [0, n) of `leaf` into `out` (may alias
 // `leaf` exactly: each block is read before it is written), computing in
-// the leaf's dtype. `scratch` holds (ops.size() + 1) * kElementwiseBlock
-// values of that dtype.
+// the leaf's dtype. `scratch` holds ops.size() * kElementwiseBlock values
+// of that dtype.
 struct ElementwiseKernels {
   void (*f32)(const std::vector<ElementwiseOpDesc>& ops, const float* leaf,
               float* out, int64_t n, void* scratch);

@@ -146,6 +146,31 @@ TEST(Elementwise, ThreadsDoNotChangeTheBits) {
   EXPECT_EQ(one[5], Log1pF64(ExpF64(leaf[5])) + leaf[5]);
 }
 
+// In place (the server's way: the leaf is the tensor) equals into another
+// buffer, whether or not the last op reads the leaf itself.
+TEST(Elementwise, InPlaceEqualsOutOfPlace) {
+  std::vector<ElementwiseOpDesc> reads_leaf_last(2), plain(2);
+  reads_leaf_last[0].kind = ElementwiseKind::kExp;
+  reads_leaf_last[1].kind = ElementwiseKind::kAdd;
+  reads_leaf_last[1].x = 1;
+  reads_leaf_last[1].y = 0;  // exp(v) + v
+  plain[0].kind = ElementwiseKind::kNeg;
+  plain[1].kind = ElementwiseKind::kExp;
+  plain[1].x = 1;
+  for (const auto& ops : {reads_leaf_last, plain}) {
+    std::vector<float> leaf(70000);
+    for (size_t i = 0; i < leaf.size(); ++i) {
+      leaf[i] = static_cast<float>(std::sin(0.01 * i));
+    }
+    std::vector<float> out(leaf.size());
+    RunElementwise(ops, leaf.data(), out.data(), leaf.size(), 2);
+    RunElementwise(ops, leaf.data(), leaf.data(), leaf.size(), 2);
+    EXPECT_EQ(std::memcmp(out.data(), leaf.data(), out.size() * 4), 0);
+    const float x3 = static_cast<float>(std::sin(0.03));
+    EXPECT_EQ(out[3], ops[1].y == 0 ? ExpF32(x3) + x3 : ExpF32(-x3));
+  }
+}
+
 // The AVX2 build of the range loop (vectorized) and the generic one give
 // the same bits, over every op kind and inputs across the domains, for
 // float64 and float32 leaves (the widening and narrowing run in the same
