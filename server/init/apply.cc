@@ -160,13 +160,17 @@ void FillDerivedStepTorch(at::Tensor& target, const ResolvedStep& step,
       leaf = leaf.to(spec::ToScalarType(step.map->compute));
     }
   } else {
-    leaf = at::empty(target.sizes(),
-                     target.options().dtype(
-                         spec::ToScalarType(step.map->compute)));
+    // Straight in the target where it is a contiguous tensor of the compute
+    // dtype (the same draws either way), else in scratch memory.
+    const c10::ScalarType compute = spec::ToScalarType(step.map->compute);
+    leaf = target.is_contiguous() && target.scalar_type() == compute
+               ? target
+               : at::empty(target.sizes(), target.options().dtype(compute));
     Fill(leaf, *step.scheme, generator, permutations);
   }
-  target.copy_(step.map != nullptr ? RunElementwiseTorch(leaf, *step.map)
-                                   : leaf);
+  const at::Tensor result =
+      step.map != nullptr ? RunElementwiseTorch(leaf, *step.map) : leaf;
+  if (!result.is_same(target)) target.copy_(result);
 }
 
 // RNG_MODE_TORCH, a tensor with its own init: its steps in order, on the
