@@ -48,10 +48,14 @@ TEST(PickleReaderTest, RefusesTruncatedAndForeignPickles) {
                        HasSubstr("no STOP")));
   EXPECT_THAT(ReadStateDictPickle(p.substr(0, 20)),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
-  // A list instead of a dict ('l' is not an opcode the reader knows).
+  // A list instead of a dict.
   EXPECT_THAT(ReadStateDictPickle(std::string("\200\002]q\000.", 6)),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("unsupported opcode")));
+                       HasSubstr("is a list, not a dict of tensors")));
+  // INST, an opcode that would construct an object.
+  EXPECT_THAT(ReadStateDictPickle(std::string("\200\002i", 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unsupported opcode 0x69")));
   ASSERT_OK_AND_ASSIGN(std::vector<PickledTensor> none,
                        ReadStateDictPickle(std::string("\200\002}q\000.", 6)));
   EXPECT_TRUE(none.empty());

@@ -1,12 +1,14 @@
 #ifndef MATERIALIZER_FUZZ_READERS_ZIP_READER_H_
 #define MATERIALIZER_FUZZ_READERS_ZIP_READER_H_
 
-// A strict reader of uncompressed ("stored") zip archives such as
-// torch.save writes, independent of the writer in server/delivery. It
-// finds the end records (zip64 where present), walks the central
-// directory, and checks each entry's local header against it: same name,
-// sizes and CRC, stored, data inside the file, entries not overlapping,
-// CRC-32 of the data correct (computed here, not by zlib).
+// A strict reader of whole uncompressed ("stored") zip archives such as
+// torch.save writes, for the fuzz targets, which check the writer in
+// server/delivery against it. It is the server's own zip reader
+// (server/checkpoint/zip.h: end records, zip64 where present, the central
+// directory, each entry's local header agreeing with it), written
+// independently of that writer, plus what only a whole-file reader can
+// check: every entry stored, entries not overlapping, the CRC-32 of every
+// entry's data.
 //
 //   ASSIGN_OR_RETURN(std::vector<ZipEntryView> entries, ReadZip(bytes));
 //   // entry data: bytes.substr(e.data_offset, e.size)
@@ -17,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/checkpoint/zip.h"
 
 namespace materializer::fuzz {
 
@@ -28,8 +31,8 @@ struct ZipEntryView {
   uint32_t crc32 = 0;
 };
 
-// CRC-32 (ISO-HDLC, the zip polynomial) of `data`.
-uint32_t ZipCrc32(absl::string_view data);
+// CRC-32 (ISO-HDLC, the zip polynomial).
+using checkpoint::ZipCrc32;
 
 // Entries in central directory order, or INVALID_ARGUMENT saying what is
 // wrong with `file`.
