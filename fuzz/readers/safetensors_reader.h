@@ -1,10 +1,10 @@
 #ifndef MATERIALIZER_FUZZ_READERS_SAFETENSORS_READER_H_
 #define MATERIALIZER_FUZZ_READERS_SAFETENSORS_READER_H_
 
-// A strict reader of safetensors files, independent of the writer in
-// server/delivery, so the fuzz targets can check written files against it.
-// It accepts what the format's reference implementation accepts and checks
-// what it checks, and more: the header is RFC 8259 JSON (no duplicate
+// A strict reader of whole safetensors files for the fuzz targets, which
+// check the writer in server/delivery against it. It is the server's own
+// checkpoint reader (server/checkpoint/safetensors_header.h), written
+// independently of that writer: the header is RFC 8259 JSON (no duplicate
 // keys), every tensor's byte range matches its dtype and shape, and the
 // ranges tile the data section exactly (no gap, no overlap, nothing after).
 //
@@ -34,16 +34,13 @@ struct SafetensorsEntry {
 struct SafetensorsContents {
   // "__metadata__", in header order.
   std::vector<std::pair<std::string, std::string>> metadata;
-  // In header order.
+  // In file order (by offset).
   std::vector<SafetensorsEntry> tensors;
   // File offset of the data section (8 + header length).
   uint64_t data_start = 0;
   // The header's length field (JSON plus its padding).
   uint64_t header_length = 0;
 };
-
-// Bytes per element of a safetensors dtype name, or 0 if unknown.
-uint32_t SafetensorsItemSize(absl::string_view dtype);
 
 // INVALID_ARGUMENT saying what is wrong with `file`.
 absl::StatusOr<SafetensorsContents> ReadSafetensors(absl::string_view file);

@@ -47,13 +47,13 @@ TEST(SafetensorsReaderTest, RefusesWhatTheFormatForbids) {
   };
   const Case cases[] = {
       {"{" + ok_entry + "," + ok_entry + "}", "xxxx", "duplicate key"},
-      {"{" + ok_entry + "}", "xxxxx", "cover 4 bytes of a 5-byte"},
+      {"{" + ok_entry + "}", "xxxxx", "cover 4 bytes of the 5-byte"},
       {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "xxxx",
-       "bytes for its dtype and shape"},
+       "hold 4 bytes, but F32 of shape [2] is 8 bytes"},
       {R"({"t":{"dtype":"F31","shape":[1],"data_offsets":[0,4]}})", "xxxx",
-       "unknown dtype"},
+       "dtype \"F31\" is unknown"},
       {R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", "xxxxxxxx",
-       "gap or an overlap"},
+       "leave a gap of 4 bytes"},
       {"{\"a\x01\":{}}", "", "control character"},
       {"{\"\xff\":{}}", "", "invalid UTF-8"},
       {R"({"\ud800":{}})", "", "lone high surrogate"},
