@@ -10,7 +10,10 @@ its case:
              out-of-range init parameters, empty shard boxes, names with
              quotes and backslashes, long tie chains, large class
              patterns, long strings that errors echo, values and
-             init_steps.
+             init_steps; for the checkpoint readers, the malformed
+             headers, indexes and archives they must refuse.
+The torch_archive_fuzzer seeds are written by torch.save (the venv's
+torch).
 Files a fuzzer finds later are added by hand as found-* (not touched here).
 
     bazel build //proto:materializer_py
@@ -22,8 +25,11 @@ import argparse
 import base64
 import copy
 import json
+import io
 import os
+import struct
 import sys
+import zipfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = os.path.join(REPO, "fuzz", "corpus")
@@ -376,6 +382,181 @@ def weight_file_corpus():
     return cases
 
 
+# -- checkpoint_header_fuzzer: safetensors headers and shard indexes ----------
+# First byte: 0 a header (then the data section's size, u16), 1 a whole
+# safetensors file, 2 a shard index (see the target).
+
+ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4,
+               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1,
+               "F8_E5M2": 1}
+
+
+def st_header(tensors, metadata=None):
+    """tensors: (name, dtype, shape); laid back to back. -> (JSON, size)."""
+    header = {}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    at = 0
+    for name, dtype, shape in tensors:
+        n = ST_ITEMSIZE.get(dtype, 1)
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [at, at + n]}
+        at += n
+    return json.dumps(header, separators=(",", ":")), at
+
+
+def header_case(text, data_size):
+    return b"\x00" + struct.pack("<H", data_size) + text.encode("utf-8")
+
+
+def file_case(text, data_size, pad=True):
+    """A whole file, the header padded with spaces to 8 bytes as the
+    safetensors library writes it."""
+    header = text.encode("utf-8")
+    if pad:
+        header += b" " * (-len(header) % 8)
+    data = bytes(i % 251 for i in range(data_size))
+    return b"\x01" + struct.pack("<Q", len(header)) + header + data
+
+
+def index_case(text):
+    return b"\x02" + text.encode("utf-8")
+
+
+def checkpoint_header_corpus():
+    cases = {}
+    two, two_size = st_header([("w", "F32", [2, 2]), ("b", "BF16", [3])])
+    cases["seed-header-two-tensors"] = header_case(two, two_size)
+    cases["seed-file-two-tensors"] = file_case(two, two_size)
+    every, every_size = st_header(
+        [(f"t.{d.lower()}", d, [3]) for d in ST_ITEMSIZE])
+    cases["seed-header-every-dtype"] = header_case(every, every_size)
+    meta, meta_size = st_header(
+        [('a"b\\c', "I64", []), ("\u00e9\n", "F16", [0, 3]),
+         ("x", "U8", [1, 1, 1])],
+        metadata={"format": "pt", 'k"': "v\\", "\u2603": ""})
+    cases["seed-header-metadata-escapes"] = header_case(meta, meta_size)
+    cases["seed-file-metadata-escapes"] = file_case(meta, meta_size)
+    cases["seed-header-empty"] = header_case("{}", 0)
+    f32 = '{"dtype":"F32","shape":[2],"data_offsets":'
+    regress = {
+        "overlap": ('{"a":' + f32 + '[0,8]},"b":' + f32 + '[4,12]}}', 12),
+        "gap": ('{"a":' + f32 + '[4,12]}}', 12),
+        "past-end": ('{"a":' + f32 + '[0,8]}}', 4),
+        "trailing-bytes": ('{"a":' + f32 + '[0,8]}}', 9),
+        "size-mismatch": ('{"a":' + f32 + '[0,4]}}', 4),
+        "unknown-dtype": ('{"a":{"dtype":"U16","shape":[2],'
+                          '"data_offsets":[0,4]}}', 4),
+        "duplicate-key": ('{"a":' + f32 + '[0,8]},"a":' + f32 + '[0,8]}}', 8),
+        "overflow-shape": ('{"a":{"dtype":"F64","shape":[4294967296,'
+                           '4294967296,2],"data_offsets":[0,0]}}', 0),
+        "huge-offsets": ('{"a":{"dtype":"U8","shape":[0],"data_offsets":'
+                         '[18446744073709551615,18446744073709551615]}}', 0),
+        "negative-zero": ('{"a":{"dtype":"U8","shape":[-0],'
+                          '"data_offsets":[0,0]}}', 0),
+        "float-shape": ('{"a":{"dtype":"U8","shape":[1e0],'
+                        '"data_offsets":[0,1]}}', 1),
+        "lone-surrogate": ('{"\\ud800":{}}', 0),
+        "deep-nesting": ('{"__metadata__":' + "[" * 100 + "]" * 100 + "}", 0),
+        "metadata-not-string": ('{"__metadata__":{"k":1}}', 0),
+        "extra-field": ('{"a":{"dtype":"U8","shape":[],"data_offsets":[0,1],'
+                        '"x":null}}', 1),
+    }
+    for name, (text, size) in regress.items():
+        cases[f"regress-header-{name}"] = header_case(text, size)
+    cases["regress-file-length-past-end"] = (
+        b"\x01" + struct.pack("<Q", 1 << 40) + b"{}")
+    cases["regress-file-length-over-limit"] = (
+        b"\x01" + struct.pack("<Q", 100000001) + b"{}")
+    cases["regress-file-shorter-than-length"] = b"\x01\x08\x00\x00"
+    weight_map = {f"transformer.h.{i}.{p}": f"model-0000{1 + i % 2}-of-00002"
+                  ".safetensors" for i in range(3) for p in ("ln.weight",
+                                                             "attn.bias")}
+    cases["seed-index-save-pretrained"] = index_case(json.dumps(
+        {"metadata": {"total_parameters": 108544, "total_size": 434176},
+         "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+    index_regress = {
+        "dotdot": '{"weight_map":{"w":"../model.safetensors"}}',
+        "slash": '{"weight_map":{"w":"sub/model.safetensors"}}',
+        "dot": '{"weight_map":{"w":"."}}',
+        "empty-name": '{"weight_map":{"w":""}}',
+        "nul": '{"weight_map":{"w":"a\\u0000b"}}',
+        "not-string": '{"weight_map":{"w":7}}',
+        "duplicate-tensor": '{"weight_map":{"w":"a","w":"b"}}',
+        "no-weight-map": '{"metadata":{}}',
+        "metadata-duplicate": '{"metadata":{"k":1,"k":2},"weight_map":{}}',
+    }
+    for name, text in index_regress.items():
+        cases[f"regress-index-{name}"] = index_case(text)
+    return cases
+
+
+# -- torch_archive_fuzzer: torch.save archives --------------------------------
+
+def torch_save(obj, **kwargs):
+    import torch
+    out = io.BytesIO()
+    torch.save(obj, out, **kwargs)
+    return out.getvalue()
+
+
+def rezip(archive, replace):
+    """The archive's entries, stored, in order, with `replace` (name ->
+    bytes) applied."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as src, \
+            zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = replace.get(info.filename, src.read(info.filename))
+            entry = zipfile.ZipInfo(info.filename, (1980, 1, 1, 0, 0, 0))
+            dst.writestr(entry, data)
+    return out.getvalue()
+
+
+def torch_archive_corpus():
+    """Files torch.save writes (needs the project venv's torch)."""
+    import collections
+    import torch
+    sd = collections.OrderedDict()
+    weight = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    sd["linear.weight"] = weight
+    sd["embed.weight"] = torch.ones(4, 2, dtype=torch.bfloat16)
+    sd["lm_head.weight"] = sd["embed.weight"]
+    sd["row"] = weight[1]
+    sd["steps"] = torch.tensor(7)
+    sd["mask"] = torch.tensor([True, False])
+    sd._metadata = collections.OrderedDict([("", {"version": 1})])
+    plain = {"a": torch.tensor([1.0, 2.0]),
+             "b": torch.tensor([[3, 4]], dtype=torch.int16)}
+    cases = {
+        "seed-state-dict": torch_save(sd),
+        "seed-plain-dict-protocol4": torch_save(plain, pickle_protocol=4),
+        "seed-float8-parameter": torch_save(
+            {"s": torch.zeros(4, dtype=torch.float8_e4m3fn),
+             "p": torch.nn.Parameter(torch.ones(2, dtype=torch.float16))}),
+        "seed-empty": torch_save({}),
+        "regress-noncontiguous": torch_save(
+            {"t": torch.arange(12.0).reshape(3, 4).t()}),
+        "regress-complex": torch_save({"c": torch.zeros(2, dtype=torch.cfloat)}),
+        "regress-nested-dict": torch_save({"model": {"w": torch.ones(1)}}),
+    }
+    # The start of the legacy (pre-1.6) format: pickles, no zip. (Whole
+    # legacy files name storages by memory address: not reproducible.)
+    import pickle
+    cases["regress-legacy-format-start"] = (
+        pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2) +
+        pickle.dumps(1001, protocol=2) +
+        pickle.dumps({"protocol_version": 1001, "little_endian": True,
+                      "type_sizes": {"short": 2, "int": 4, "long": 4}},
+                     protocol=2))
+    cases["regress-big-endian"] = rezip(cases["seed-plain-dict-protocol4"],
+                                        {"archive/byteorder": b"big"})
+    cases["seed-rezipped"] = rezip(cases["seed-state-dict"], {})
+    return cases
+
+
 # -- request_file_fuzzer: matctl's request files -------------------------------
 
 def request_file_corpus():
@@ -433,6 +614,8 @@ def main():
         "glob_fuzzer": glob_corpus(),
         "weight_file_fuzzer": weight_file_corpus(),
         "request_file_fuzzer": request_file_corpus(),
+        "checkpoint_header_fuzzer": checkpoint_header_corpus(),
+        "torch_archive_fuzzer": torch_archive_corpus(),
     }
     stale = []
     for target, files in corpora.items():
