@@ -89,6 +89,17 @@ ABSL_FLAG(std::string, replica, "",
 ABSL_FLAG(absl::Duration, default_ttl, absl::Hours(1),
           "lease of handles created outside a session when the request "
           "sets no ttl");
+ABSL_FLAG(std::string, checkpoint_roots, "",
+          "folders whose checkpoints requests may name, NAME=PATH,... (a "
+          "bare PATH is named after its last component); a request's "
+          "checkpoint.path is NAME/relative/path (docs/checkpoints.md)");
+ABSL_FLAG(std::string, checkpoint_readers, "",
+          "which identities may read which root, NAME=ID|ID;NAME=*;...; "
+          "empty: every identity, every root");
+ABSL_FLAG(std::string, checkpoint_cache_bytes, "2GiB",
+          "checkpoint bytes kept after a load (least recently used go "
+          "first), so the ranks and jobs of a node read a file once; not "
+          "charged to any client's quota; 0 keeps none");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -144,6 +155,9 @@ int main(int argc, char** argv) {
   options.metrics_client_labels = absl::GetFlag(FLAGS_metrics_client_labels);
   options.gpu_free_headroom = absl::GetFlag(FLAGS_gpu_free_headroom);
   options.fake_gpu_driver_file = absl::GetFlag(FLAGS_fake_gpu_driver);
+  options.checkpoint_roots = absl::GetFlag(FLAGS_checkpoint_roots);
+  options.checkpoint_readers = absl::GetFlag(FLAGS_checkpoint_readers);
+  options.checkpoint_cache_bytes = absl::GetFlag(FLAGS_checkpoint_cache_bytes);
   if (options.metrics_client_labels < 0) {
     std::cerr << "materializerd: --metrics_client_labels must be >= 0\n";
     return 2;

@@ -14,6 +14,7 @@
 #include "server/common/units.h"
 #include "server/delivery/safetensors.h"
 #include "server/init/apply.h"
+#include "server/load/checkpoint_load.h"
 #include "server/init/resolve.h"
 #include "server/init/rng_mode.h"
 #include "server/init/shard.h"
@@ -72,13 +73,23 @@ struct Prepared {
   std::vector<spec::TensorDesc> tensors;
   init::Resolution resolution;
   spec::Layout layout;
+  // Set when the request names a checkpoint.
+  std::shared_ptr<const load::LoadPlan> load;
+};
+
+// A request's checkpoint, and where to open it.
+struct CheckpointRequest {
+  const v1::CheckpointSource* source = nullptr;
+  const load::CheckpointOpener* opener = nullptr;
+  std::string identity;
 };
 
 // Every step is linear in the request (the matching of rules is bounded by
 // init::kMaxRuleMatchWork) and the long ones poll `cancelled`.
 absl::StatusOr<Prepared> Prepare(const v1::ModelSpec& model,
                                  const Cancelled& cancelled,
-                                 uint64_t* validate_us, uint64_t* plan_us) {
+                                 uint64_t* validate_us, uint64_t* plan_us,
+                                 const CheckpointRequest* checkpoint = nullptr) {
   const absl::Time start = absl::Now();
   Prepared prepared;
   ASSIGN_OR_RETURN(prepared.tensors, spec::ValidateTensors(model, cancelled));
@@ -90,8 +101,18 @@ absl::StatusOr<Prepared> Prepare(const v1::ModelSpec& model,
   RETURN_IF_ERROR(init::ApplyShards(
       model, init::EffectiveRngMode(model.rng()), prepared.tensors));
   RETURN_IF_ERROR(CheckCancelled(cancelled));
+  const std::vector<std::string>* loaded = nullptr;
+  if (checkpoint != nullptr) {
+    ASSIGN_OR_RETURN(load::LoadPlan plan,
+                     load::PlanLoad(*checkpoint->source, prepared.tensors,
+                                    *checkpoint->opener, checkpoint->identity));
+    prepared.load = std::make_shared<const load::LoadPlan>(std::move(plan));
+    loaded = &prepared.load->loaded_descriptions;
+  }
+  RETURN_IF_ERROR(CheckCancelled(cancelled));
   ASSIGN_OR_RETURN(prepared.resolution,
-                   init::ResolveInits(model, prepared.tensors, cancelled));
+                   init::ResolveInits(model, prepared.tensors, cancelled,
+                                      loaded));
   *validate_us = MicrosSince(start);
 
   const absl::Time plan_start = absl::Now();
@@ -116,11 +137,14 @@ memory::ArenaOptions ArenaOptionsFor(const registry::HandleSpec& spec) {
 // Allocates the arena (to_empty) and runs every init; on success the handle
 // becomes READY. On failure the reservation or arena is dropped, which
 // returns the bytes to the ledger.
+// A checkpoint's tensors are written first: a derived init may read them.
 absl::Status Build(registry::Handle& handle,
                    std::vector<memory::Reservation> reservations,
                    const PartLayouts* parts,
                    const std::vector<init::ResolvedInit>& inits,
-                   v1::PhaseTimings* timings, const Cancelled& cancelled) {
+                   const load::LoadPlan* load, load::RangeCache* cache,
+                   v1::CheckpointReport* report, v1::PhaseTimings* timings,
+                   const Cancelled& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
   const absl::Time allocate_start = absl::Now();
   std::unique_ptr<memory::Arena> arena;
@@ -142,6 +166,13 @@ absl::Status Build(registry::Handle& handle,
                                    parts->part_of_tensor, parts->local_index);
   }
   timings->set_allocate_us(MicrosSince(allocate_start));
+
+  if (load != nullptr) {
+    const absl::Time load_start = absl::Now();
+    RETURN_IF_ERROR(load::LoadTensors(*load, spec.tensors, *arena, *cache,
+                                      report, cancelled));
+    timings->set_checkpoint_us(MicrosSince(load_start));
+  }
 
   const absl::Time init_start = absl::Now();
   RETURN_IF_ERROR(init::ApplyInits(spec.tensors, inits, spec.seed, spec.rng,
@@ -297,8 +328,25 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   }
   uint64_t validate_us = 0;
   uint64_t plan_us = 0;
+  CheckpointRequest checkpoint;
+  const bool has_checkpoint = !request.checkpoint().path().empty();
+  if (has_checkpoint) {
+    if (options_.checkpoint_opener == nullptr ||
+        options_.checkpoint_cache == nullptr) {
+      return absl::FailedPreconditionError(
+          "checkpoint.path: this server reads no checkpoints (start it with "
+          "--checkpoint_roots)");
+    }
+    checkpoint = {&request.checkpoint(), options_.checkpoint_opener,
+                  caller.identity};
+  } else if (request.checkpoint().ByteSizeLong() != 0) {
+    return absl::InvalidArgumentError(
+        "checkpoint: key rules, dtype_policy or require_all without "
+        "checkpoint.path");
+  }
   ASSIGN_OR_RETURN(Prepared prepared,
-                   Prepare(request.model(), cancelled, &validate_us, &plan_us));
+                   Prepare(request.model(), cancelled, &validate_us, &plan_us,
+                           has_checkpoint ? &checkpoint : nullptr));
   timings->set_validate_us(validate_us);
   timings->set_plan_us(plan_us);
 
@@ -386,6 +434,22 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   for (const std::string& warning : prepared.resolution.warnings) {
     response.add_warnings(warning);
   }
+  std::shared_ptr<const load::LoadPlan> load_plan = prepared.load;
+  if (load_plan != nullptr) {
+    v1::CheckpointReport* report = response.mutable_checkpoint();
+    report->set_tensors_loaded(load_plan->tensors_loaded);
+    uint32_t own = 0;
+    for (const spec::TensorDesc& t : handle->spec().tensors) {
+      if (t.tie_root < 0) ++own;
+    }
+    report->set_tensors_initialized(own - load_plan->tensors_loaded);
+    report->set_unused_keys_total(
+        static_cast<uint32_t>(load_plan->unused_keys.size()));
+    for (size_t k = 0; k < load_plan->unused_keys.size() && k < 1000; ++k) {
+      report->add_unused_keys(load_plan->unused_keys[k]);
+    }
+  }
+  load::RangeCache* cache = options_.checkpoint_cache;
 
   if (request.async()) {
     // std::function needs a copyable closure; the move-only pieces ride in
@@ -398,12 +462,15 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     // Under the caller's identity: it counts against the client's share of
     // the workers (common/thread_pool.h).
     workers_->Schedule(caller.identity, [handle, moved_reservations, parts,
-                                         inits, start, before = *timings,
+                                         inits, load_plan, cache, start,
+                                         before = *timings,
                                          metrics = options_.metrics] {
       v1::PhaseTimings build = before;
+      v1::CheckpointReport report;  // no one to tell; Describe says more
       absl::Status status =
           Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
-                &build, /*cancelled=*/[handle] { return handle->released(); });
+                load_plan.get(), cache, &report, &build,
+                /*cancelled=*/[handle] { return handle->released(); });
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
                       << " failed: " << status;
@@ -420,7 +487,9 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
 
   absl::Status status =
       Build(*handle, std::move(reservations), parts.get(),
-            prepared.resolution.inits, timings, cancelled);
+            prepared.resolution.inits, load_plan.get(), cache,
+            load_plan != nullptr ? response.mutable_checkpoint() : nullptr,
+            timings, cancelled);
   if (!status.ok()) {
     registry_->Forget(handle->id());
     return status;
@@ -599,6 +668,15 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
   response.set_reserved_bytes(snapshot.total.reserved_bytes);
   response.set_in_use_bytes(snapshot.total.in_use_bytes);
   response.set_handles(snapshot.total.handles);
+  if (options_.checkpoint_cache != nullptr) {
+    const load::RangeCache::Stats cache = options_.checkpoint_cache->stats();
+    v1::CheckpointCacheStats* out = response.mutable_checkpoint_cache();
+    out->set_capacity_bytes(cache.capacity_bytes);
+    out->set_cached_bytes(cache.cached_bytes);
+    out->set_bytes_read_from_files(cache.bytes_read_from_files);
+    out->set_bytes_served_from_cache(cache.bytes_served_from_cache);
+    out->set_evicted_bytes(cache.evicted_bytes);
+  }
   return response;
 }
 

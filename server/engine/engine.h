@@ -22,6 +22,8 @@
 #include "server/common/cancel.h"
 #include "server/common/thread_pool.h"
 #include "server/delivery/weight_stream.h"
+#include "server/load/checkpoint_files.h"
+#include "server/load/range_cache.h"
 #include "server/memory/gpu_report.h"
 #include "server/memory/pool.h"
 #include "server/metrics/metrics.h"
@@ -56,6 +58,11 @@ struct EngineOptions {
   // Threads that compute a handle's per-tensor digests (one tensor per
   // task); 0 = one per hardware thread.
   int digest_threads = 0;
+  // Where MaterializeRequest.checkpoint paths are opened, and the cache
+  // their bytes are read through (server/load); null: this server reads
+  // no checkpoints (FAILED_PRECONDITION for a request that names one).
+  const load::CheckpointOpener* checkpoint_opener = nullptr;
+  load::RangeCache* checkpoint_cache = nullptr;
 };
 
 // Thread-safe. The pool, registry, worker pool and what `options` points to

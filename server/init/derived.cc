@@ -205,7 +205,9 @@ absl::StatusOr<Interval> Visit(Graph& g, int i) {
     if (!b.ok()) return b.status();
     all = {std::min(all.lo, b->lo), std::max(all.hi, b->hi)};
   }
-  if (steps.empty()) all = {0.0, 0.0};
+  if (steps.empty()) {
+    all = g.derived[i].loaded ? Interval{-kInf, kInf} : Interval{0.0, 0.0};
+  }
   g.path.pop_back();
   g.state[i] = 2;
   g.depth[i] = depth;

@@ -38,6 +38,9 @@ struct DerivedTensor {
   // For a module_default tensor, the scheme its module's reset draws into
   // it (its values' range); null otherwise.
   const v1::InitScheme* module_op = nullptr;
+  // Filled from a checkpoint (no steps): its values are whatever the file
+  // holds, so a program reading them has no finite bound to prove.
+  bool loaded = false;
 };
 
 // `derived` has one entry per tensor, in tensor order. Returns each

@@ -305,7 +305,10 @@ void AddRuleWarnings(const Context& context, Resolution& resolution) {
 
 absl::StatusOr<Resolution> ResolveInits(
     const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors,
-    const Cancelled& cancelled) {
+    const Cancelled& cancelled, const std::vector<std::string>* loaded) {
+  auto is_loaded = [loaded](size_t i) {
+    return loaded != nullptr && !(*loaded)[i].empty();
+  };
   RETURN_IF_ERROR(CheckInitLimits(model));
   Context context(model, tensors, EffectiveRngMode(model.rng()));
   RETURN_IF_ERROR(CheckRules(model, tensors, &context.globs));
@@ -325,6 +328,10 @@ absl::StatusOr<Resolution> ResolveInits(
   std::vector<int> uncovered;
   for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
     if (i % kCancelPollInterval == 0) RETURN_IF_ERROR(CheckCancelled(cancelled));
+    if (is_loaded(i)) {
+      resolution.inits[i].description = (*loaded)[i];
+      continue;
+    }
     RETURN_IF_ERROR(ChooseInit(context, i, resolution.inits[i], &sources[i]));
     if (tensors[i].tie_root < 0 && resolution.inits[i].steps.empty()) {
       uncovered.push_back(i);
@@ -342,7 +349,7 @@ absl::StatusOr<Resolution> ResolveInits(
                    PlanModuleDefaults(model, tensors, is_module_default));
   for (size_t i = 0; i < tensors.size(); ++i) {
     ResolvedInit& out = resolution.inits[i];
-    if (tensors[i].tie_root >= 0) continue;
+    if (tensors[i].tie_root >= 0 || is_loaded(i)) continue;
     out.module = plans.by_tensor[i];
     out.step_infos = StepInfos(out.steps);
     if (out.module != nullptr) {
@@ -359,6 +366,7 @@ absl::StatusOr<Resolution> ResolveInits(
   for (size_t i = 0; i < tensors.size(); ++i) {
     ResolvedInit& init = resolution.inits[i];
     derived[i].steps = &init.steps;
+    derived[i].loaded = is_loaded(i);
     if (init.module != nullptr) {
       derived[i].module_op = &PortableScheme(init, static_cast<int>(i), 0);
     }

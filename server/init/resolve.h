@@ -74,9 +74,14 @@ struct Resolution {
 // RNG_MODE_PORTABLE, more rules or matching work than the bounds above.
 // CANCELLED once `cancelled` says the caller is gone (polled between
 // tensors).
+//
+// `loaded`, when given, has one entry per tensor: a non-empty entry says
+// the tensor's bytes come from a checkpoint (server/load) and is its
+// description; such a tensor needs no init and gets none.
 absl::StatusOr<Resolution> ResolveInits(
     const v1::ModelSpec& model, const std::vector<spec::TensorDesc>& tensors,
-    const Cancelled& cancelled = {});
+    const Cancelled& cancelled = {},
+    const std::vector<std::string>* loaded = nullptr);
 
 }  // namespace materializer::init
 

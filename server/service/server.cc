@@ -176,6 +176,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->workers_ = std::make_unique<ThreadPool>(pool_options);
   const int workers = server->workers_->num_threads();
   engine::EngineOptions engine_options;
+  if (!options.checkpoint_roots.empty()) {
+    absl::StatusOr<checkpoint::CheckpointRoots> roots =
+        checkpoint::CheckpointRoots::Create(options.checkpoint_roots,
+                                            options.checkpoint_readers);
+    if (!roots.ok()) return roots.status();
+    absl::StatusOr<uint64_t> cache_bytes =
+        ParseBytes(options.checkpoint_cache_bytes);
+    if (!cache_bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_cache_bytes: ", cache_bytes.status().message()));
+    }
+    server->checkpoint_roots_ =
+        std::make_unique<checkpoint::CheckpointRoots>(std::move(*roots));
+    server->checkpoint_opener_ =
+        std::make_unique<load::RootsOpener>(server->checkpoint_roots_.get());
+    load::RangeCache::Options cache_options;
+    cache_options.capacity_bytes = *cache_bytes;
+    server->checkpoint_cache_ =
+        std::make_unique<load::RangeCache>(cache_options);
+    engine_options.checkpoint_opener = server->checkpoint_opener_.get();
+    engine_options.checkpoint_cache = server->checkpoint_cache_.get();
+  }
   engine_options.sessions = server->sessions_.get();
   engine_options.default_ttl = options.default_ttl;
   engine_options.metrics = server->metrics_.get();

@@ -18,6 +18,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/checkpoint/roots.h"
+#include "server/load/checkpoint_files.h"
+#include "server/load/range_cache.h"
 #include "server/memory/device.h"
 #include "server/memory/pool.h"
 #include "server/service/auth.h"
@@ -102,6 +105,11 @@ struct ServerOptions {
   // Testing: a fake GPU driver (memory/fake_gpu_driver.h file format)
   // instead of NVML, e.g. to stand behind virtual CPU devices.
   std::string fake_gpu_driver_file;
+  // --checkpoint_roots, --checkpoint_readers (checkpoint/roots.h) and the
+  // checkpoint cache's budget ("2GiB", "0"); no roots: no checkpoints.
+  std::string checkpoint_roots;
+  std::string checkpoint_readers;
+  std::string checkpoint_cache_bytes = "2GiB";
 };
 
 // Thread-safe.
@@ -153,6 +161,10 @@ class Server {
   std::unique_ptr<metrics::SessionReporter> session_reporter_;
   std::unique_ptr<registry::SessionTable> sessions_;
   std::unique_ptr<Authenticator> authenticator_;
+  // Declared before the engine, which borrows them.
+  std::unique_ptr<checkpoint::CheckpointRoots> checkpoint_roots_;
+  std::unique_ptr<load::RootsOpener> checkpoint_opener_;
+  std::unique_ptr<load::RangeCache> checkpoint_cache_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<ThreadPool> workers_;
   std::unique_ptr<MaterializerService> service_;

@@ -1,0 +1,124 @@
+#include "server/load/range_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace materializer::load {
+
+namespace {
+
+RangeCache::Options Normalized(RangeCache::Options options) {
+  if (options.block_bytes == 0) options.block_bytes = uint64_t{4} << 20;
+  return options;
+}
+
+}  // namespace
+
+RangeCache::RangeCache(Options options) : options_(Normalized(options)) {}
+
+absl::Status RangeCache::Read(const FileSource& file, uint64_t offset,
+                              uint64_t length, void* dst,
+                              Counters* counters) {
+  const uint64_t size = file.key().size;
+  if (offset > size || length > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        file.label(), ": bytes [", offset, ", ", offset + length,
+        ") pass the end of the file (", size, " bytes)"));
+  }
+  const uint64_t block = options_.block_bytes;
+  auto* out = static_cast<char*>(dst);
+  uint64_t at = offset;
+  const uint64_t end = offset + length;
+  while (at < end) {
+    const uint64_t index = at / block;
+    absl::StatusOr<std::shared_ptr<const std::string>> bytes =
+        GetBlock(file, index, counters);
+    if (!bytes.ok()) return bytes.status();
+    const uint64_t block_start = index * block;
+    const uint64_t take = std::min(end, block_start + (*bytes)->size()) - at;
+    std::memcpy(out, (*bytes)->data() + (at - block_start), take);
+    out += take;
+    at += take;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const std::string>> RangeCache::GetBlock(
+    const FileSource& file, uint64_t index, Counters* counters) {
+  const BlockKey key{file.key(), index};
+  std::shared_ptr<Block> block;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(key);
+    if (it != blocks_.end()) {
+      block = it->second;
+      mu_.Await(absl::Condition(&block->done));
+      if (!block->status.ok()) return block->status;
+      if (block->in_lru) lru_.splice(lru_.end(), lru_, block->lru);
+      served_bytes_ += block->bytes->size();
+      counters->bytes_from_cache += block->bytes->size();
+      return block->bytes;
+    }
+    block = std::make_shared<Block>();
+    blocks_.emplace(key, block);
+  }
+
+  // This caller reads; the others wait on `done`.
+  const uint64_t start = index * options_.block_bytes;
+  const uint64_t length =
+      std::min(options_.block_bytes, file.key().size - start);
+  auto bytes = std::make_shared<std::string>(length, '\0');
+  absl::Status status = file.ReadAt(start, length, bytes->data());
+  // A file rewritten during the read may have given mixed bytes: they are
+  // refused, not kept.
+  if (status.ok()) status = file.Check();
+
+  absl::MutexLock lock(&mu_);
+  block->status = status;
+  block->done = true;
+  if (!status.ok()) {
+    blocks_.erase(key);
+    return status;
+  }
+  block->bytes = std::move(bytes);
+  read_bytes_ += length;
+  counters->bytes_read_from_files += length;
+  if (options_.capacity_bytes >= length) {
+    block->lru = lru_.insert(lru_.end(), key);
+    block->in_lru = true;
+    cached_bytes_ += length;
+    EvictLocked();
+  } else {
+    blocks_.erase(key);  // nothing kept; the waiters hold the block
+  }
+  return block->bytes;
+}
+
+void RangeCache::EvictLocked() {
+  while (cached_bytes_ > options_.capacity_bytes && !lru_.empty()) {
+    auto it = blocks_.find(lru_.front());
+    lru_.pop_front();
+    if (it == blocks_.end()) continue;
+    const uint64_t size = it->second->bytes->size();
+    cached_bytes_ -= size;
+    evicted_bytes_ += size;
+    it->second->in_lru = false;
+    blocks_.erase(it);  // readers still holding the bytes keep them alive
+  }
+}
+
+RangeCache::Stats RangeCache::stats() const {
+  absl::MutexLock lock(&mu_);
+  Stats stats;
+  stats.capacity_bytes = options_.capacity_bytes;
+  stats.cached_bytes = cached_bytes_;
+  stats.bytes_read_from_files = read_bytes_;
+  stats.bytes_served_from_cache = served_bytes_;
+  stats.evicted_bytes = evicted_bytes_;
+  return stats;
+}
+
+}  // namespace materializer::load

@@ -1,0 +1,267 @@
+"""Materialize from a checkpoint (MaterializeRequest.checkpoint;
+docs/checkpoints.md), against what transformers' own save_pretrained and
+from_pretrained give: every tensor of the checkpoint bit for bit (and a
+bfloat16 checkpoint cast to float32 as torch casts), tensors the checkpoint
+lacks from their inits, one read of the files however often they are
+asked for, and bad paths, files and mappings refused with nothing held."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import grpc
+
+import matutil as m
+import serverproc
+
+transformers = pytest.importorskip("transformers")
+
+CLIENT = "ckpt"
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2,
+                                     vocab_size=100, n_positions=32)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ckpt-root")
+    models = base / "models"
+    models.mkdir()
+    model = tiny_gpt2()
+    model.save_pretrained(models / "gpt2-st")
+    model.save_pretrained(models / "gpt2-sharded", max_shard_size="60KB")
+    model.save_pretrained(models / "gpt2-bin", safe_serialization=False)
+    model.to(torch.bfloat16).save_pretrained(models / "gpt2-bf16")
+    outside = base / "outside"
+    outside.mkdir()
+    model.float().save_pretrained(outside / "gpt2")
+    os.symlink(outside / "gpt2", models / "escape")
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    with serverproc.running_server(extra_args=(
+            f"--checkpoint_roots=models={root / 'models'}",
+            "--checkpoint_cache_bytes=64MiB")) as srv:
+        yield srv
+
+
+def spec_of(model, dtype=None):
+    """The model's state_dict as a request: names, shapes, dtypes, the tie
+    save_pretrained drops, and a zeros rule for anything not loaded."""
+    tensors = []
+    for name, t in model.state_dict().items():
+        entry = {"name": name, "shape": list(t.shape),
+                 "dtype": dtype or str(t.dtype).replace("torch.", "")}
+        if name == "lm_head.weight":
+            entry["tieTo"] = "transformer.wte.weight"
+        tensors.append(entry)
+    return {"tensors": tensors, "initRules": [{"pattern": "*", "init": {"zeros": {}}}]}
+
+
+def rpc_error(call):
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+def rpc_error_text(call):
+    err = rpc_error(call)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    return err.details()
+
+
+def materialize(server, model_spec, checkpoint, client=CLIENT):
+    req = {"model": model_spec, "checkpoint": checkpoint}
+    resp = server.materialize(server.parse_request(json.dumps(req)), client)
+    try:
+        info = server.describe(resp.handle, client)
+        blob = server.fetch(resp.handle, client, include_non_persistent=True)
+    finally:
+        server.release(resp.handle, client)
+    server.assert_idle(client=client)
+    return resp, info, m.load_safetensors(blob)
+
+
+@pytest.mark.parametrize("folder", ["gpt2-st", "gpt2-sharded", "gpt2-bin"])
+def test_every_tensor_equals_from_pretrained(server, root, folder):
+    want = transformers.GPT2LMHeadModel.from_pretrained(
+        root / "models" / folder).state_dict()
+    resp, info, got = materialize(server, spec_of(tiny_gpt2()),
+                                  {"path": f"models/{folder}"})
+    for name, t in want.items():
+        assert m.same_bits(got[name], t), name
+    loaded = sum(1 for t in info.tensors if t.init.startswith("checkpoint "))
+    assert resp.checkpoint.tensors_loaded == loaded == len(want) - 1  # lm_head: tied
+    assert resp.checkpoint.unused_keys_total == 0
+
+
+def test_bf16_checkpoint_cast_to_float32_as_torch_casts(server, root):
+    want = transformers.GPT2LMHeadModel.from_pretrained(
+        root / "models" / "gpt2-bf16", torch_dtype=torch.bfloat16).state_dict()
+    _, info, got = materialize(server, spec_of(tiny_gpt2(), dtype="float32"),
+                               {"path": "models/gpt2-bf16"})
+    for name, t in want.items():
+        assert got[name].dtype == torch.float32
+        assert m.same_bits(got[name], t.to(torch.float32)), name
+    wte = next(t for t in info.tensors if t.name == "transformer.wte.weight")
+    assert "bfloat16 cast to float32" in wte.init
+
+
+def test_exact_policy_refuses_a_cast(server):
+    msg = rpc_error_text(lambda: materialize(
+        server, spec_of(tiny_gpt2(), dtype="float32"),
+        {"path": "models/gpt2-bf16", "dtypePolicy": "CHECKPOINT_DTYPE_POLICY_EXACT"}))
+    assert "transformer.wte.weight" in msg and "bfloat16" in msg and "EXACT" in msg
+    server.assert_idle(client=CLIENT)
+
+
+def test_missing_tensors_take_their_init_and_unused_keys_are_reported(server):
+    spec = spec_of(tiny_gpt2())
+    spec["tensors"] = [t for t in spec["tensors"] if t["name"] != "transformer.ln_f.bias"]
+    spec["tensors"].append({"name": "score.weight", "shape": [3, 64], "dtype": "float32",
+                            "init": {"normal": {"std": 0.5}}})
+    resp, info, got = materialize(server, spec, {"path": "models/gpt2-st"})
+    assert resp.checkpoint.unused_keys == ["transformer.ln_f.bias"]
+    assert resp.checkpoint.tensors_initialized == 1
+    assert got["score.weight"].std().item() > 0.3  # drawn, not zeros or garbage
+    score = next(t for t in info.tensors if t.name == "score.weight")
+    assert score.init.startswith("normal")
+    # require_all names what is missing, and holds nothing.
+    msg = rpc_error_text(lambda: materialize(
+        server, spec, {"path": "models/gpt2-st", "requireAll": True}))
+    assert "score.weight" in msg and "require_all" in msg
+    server.assert_idle(client=CLIENT)
+
+
+def test_key_rules_map_names_to_keys(server, root):
+    """A base GPT2Model's names (no "transformer." prefix) mapped onto an
+    LM checkpoint's keys."""
+    base = transformers.GPT2Model(tiny_gpt2().config)
+    spec = spec_of(base)
+    resp, _, got = materialize(server, spec, {
+        "path": "models/gpt2-st",
+        "keyRules": [{"from": "", "to": "transformer."}]})
+    full = transformers.GPT2LMHeadModel.from_pretrained(
+        root / "models" / "gpt2-st").state_dict()
+    for name in base.state_dict():
+        assert m.same_bits(got[name], full["transformer." + name]), name
+    assert resp.checkpoint.unused_keys == []  # every key has its tensor
+    # Two names onto one key is refused, naming both.
+    msg = rpc_error_text(lambda: materialize(server, spec, {
+        "path": "models/gpt2-st",
+        "keyRules": [{"from": "h.0.ln_2.", "to": "transformer.h.0.ln_1."},
+                     {"from": "", "to": "transformer."}]}))
+    assert "h.0.ln_1.weight" in msg and "h.0.ln_2.weight" in msg and "both map" in msg
+
+
+def test_shards_read_their_box(server, root):
+    """Shard(0) and Shard(1) of a 2-D weight: each rank's bytes are the
+    slice of the checkpoint's tensor."""
+    want = transformers.GPT2LMHeadModel.from_pretrained(
+        root / "models" / "gpt2-st").state_dict()
+    name = "transformer.h.0.mlp.c_fc.weight"  # [64, 256]
+    for dim in (0, 1):
+        for index in range(2):
+            spec = {"tensors": [{"name": name, "shape": list(want[name].shape),
+                                 "dtype": "float32",
+                                 "shard": {"split": {"dim": dim, "index": index,
+                                                     "count": 2}}}],
+                    "initRules": [{"pattern": "*", "init": {"zeros": {}}}]}
+            _, _, got = materialize(server, spec, {"path": "models/gpt2-st"})
+            assert m.same_bits(got[name], torch.chunk(want[name], 2, dim=dim)[index])
+
+
+def test_a_second_load_reads_nothing_from_files(server):
+    spec = spec_of(tiny_gpt2())
+    first, _, _ = materialize(server, spec, {"path": "models/gpt2-sharded"})
+    second, _, _ = materialize(server, spec, {"path": "models/gpt2-sharded"},
+                               client="other-job")
+    assert second.checkpoint.bytes_read_from_files == 0
+    assert second.checkpoint.bytes_from_cache > 0
+    stats = server.stats(CLIENT)
+    assert stats.checkpoint_cache.capacity_bytes == 64 << 20
+    assert stats.checkpoint_cache.cached_bytes > 0
+
+
+def test_a_rewritten_file_is_read_again_never_served_stale(server, root):
+    folder = root / "models" / "rewrite"
+    model = tiny_gpt2()
+    model.save_pretrained(folder)
+    spec = spec_of(model)
+    _, _, before = materialize(server, spec, {"path": "models/rewrite"})
+    with torch.no_grad():
+        model.transformer.wte.weight.add_(1.0)
+    model.save_pretrained(folder)
+    resp, _, after = materialize(server, spec, {"path": "models/rewrite"})
+    assert resp.checkpoint.bytes_read_from_files > 0
+    assert m.same_bits(after["transformer.wte.weight"],
+                       model.transformer.wte.weight.detach())
+    assert not torch.equal(after["transformer.wte.weight"],
+                           before["transformer.wte.weight"])
+
+
+def write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("path,code,text", [
+    ("other/gpt2", "INVALID_ARGUMENT", "other"),
+    ("models/../outside/gpt2", "INVALID_ARGUMENT", ".."),
+    ("models/escape", "PERMISSION_DENIED", "models/escape"),
+    ("models/nothing-here", "NOT_FOUND", "models/nothing-here"),
+    ("/etc/passwd", "INVALID_ARGUMENT", "checkpoint.path"),
+])
+def test_paths_outside_the_roots_are_refused(server, path, code, text):
+    err = rpc_error(lambda: materialize(server, spec_of(tiny_gpt2()), {"path": path}))
+    assert err.code().name == code, err.details()
+    assert text in err.details()
+    server.assert_idle(client=CLIENT)
+
+
+def test_bad_files_are_refused_naming_them(server, root):
+    good = (root / "models" / "gpt2-st" / "model.safetensors").read_bytes()
+    write(root / "models" / "bad" / "truncated.safetensors", good[: len(good) // 2])
+    header_len = int.from_bytes(good[:8], "little")
+    header = json.loads(good[8:8 + header_len])
+    key = next(k for k in header if k != "__metadata__")
+    other = next(k for k in header if k not in ("__metadata__", key))
+    header[key]["data_offsets"] = header[other]["data_offsets"]  # overlap
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    write(root / "models" / "bad" / "overlap.safetensors",
+          len(text).to_bytes(8, "little") + text + good[8 + header_len:])
+    for name, words in [("truncated.safetensors", ["truncated.safetensors"]),
+                        ("overlap.safetensors", ["overlap.safetensors"])]:
+        err = rpc_error(lambda: materialize(server, spec_of(tiny_gpt2()),
+                                              {"path": f"models/bad/{name}"}))
+        assert err.code().name == "INVALID_ARGUMENT", err.details()
+        for w in words:
+            assert w in err.details()
+        server.assert_idle(client=CLIENT)
+
+
+def test_a_shape_that_differs_is_refused_naming_both(server):
+    spec = spec_of(tiny_gpt2())
+    for t in spec["tensors"]:
+        if t["name"] == "transformer.wpe.weight":
+            t["shape"] = [16, 64]
+    msg = rpc_error_text(lambda: materialize(server, spec, {"path": "models/gpt2-st"}))
+    assert "transformer.wpe.weight" in msg and "[16, 64]" in msg and "[32, 64]" in msg
+    server.assert_idle(client=CLIENT)
+
+
+def test_a_server_without_roots_says_so():
+    with serverproc.running_server() as srv:
+        err = rpc_error(lambda: materialize(
+            srv, spec_of(tiny_gpt2()), {"path": "models/gpt2"}))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "--checkpoint_roots" in err.details()
