@@ -34,12 +34,17 @@ absl::Status RangeCache::Read(const FileSource& file, uint64_t offset,
   const uint64_t end = offset + length;
   while (at < end) {
     const uint64_t index = at / block;
+    bool read = false;
     absl::StatusOr<std::shared_ptr<const std::string>> bytes =
-        GetBlock(file, index, counters);
+        GetBlock(file, index, counters, &read);
     if (!bytes.ok()) return bytes.status();
     const uint64_t block_start = index * block;
     const uint64_t take = std::min(end, block_start + (*bytes)->size()) - at;
     std::memcpy(out, (*bytes)->data() + (at - block_start), take);
+    if (!read) {
+      counters->bytes_from_cache += take;
+      served_bytes_.fetch_add(take, std::memory_order_relaxed);
+    }
     out += take;
     at += take;
   }
@@ -47,7 +52,8 @@ absl::Status RangeCache::Read(const FileSource& file, uint64_t offset,
 }
 
 absl::StatusOr<std::shared_ptr<const std::string>> RangeCache::GetBlock(
-    const FileSource& file, uint64_t index, Counters* counters) {
+    const FileSource& file, uint64_t index, Counters* counters, bool* read) {
+  *read = false;
   const BlockKey key{file.key(), index};
   std::shared_ptr<Block> block;
   {
@@ -58,8 +64,6 @@ absl::StatusOr<std::shared_ptr<const std::string>> RangeCache::GetBlock(
       mu_.Await(absl::Condition(&block->done));
       if (!block->status.ok()) return block->status;
       if (block->in_lru) lru_.splice(lru_.end(), lru_, block->lru);
-      served_bytes_ += block->bytes->size();
-      counters->bytes_from_cache += block->bytes->size();
       return block->bytes;
     }
     block = std::make_shared<Block>();
@@ -86,6 +90,7 @@ absl::StatusOr<std::shared_ptr<const std::string>> RangeCache::GetBlock(
   block->bytes = std::move(bytes);
   read_bytes_ += length;
   counters->bytes_read_from_files += length;
+  *read = true;
   if (options_.capacity_bytes >= length) {
     block->lru = lru_.insert(lru_.end(), key);
     block->in_lru = true;
@@ -116,7 +121,7 @@ RangeCache::Stats RangeCache::stats() const {
   stats.capacity_bytes = options_.capacity_bytes;
   stats.cached_bytes = cached_bytes_;
   stats.bytes_read_from_files = read_bytes_;
-  stats.bytes_served_from_cache = served_bytes_;
+  stats.bytes_served_from_cache = served_bytes_.load(std::memory_order_relaxed);
   stats.evicted_bytes = evicted_bytes_;
   return stats;
 }

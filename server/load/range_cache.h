@@ -20,6 +20,7 @@
 //
 // Thread-safe: every method may be called from any thread.
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -81,7 +82,10 @@ class RangeCache {
 
   // What one caller's reads cost (added to, never reset).
   struct Counters {
+    // Whole blocks this caller read from files.
     uint64_t bytes_read_from_files = 0;
+    // Bytes it copied out of blocks it did not read (kept ones, or ones a
+    // concurrent caller read).
     uint64_t bytes_from_cache = 0;
   };
 
@@ -130,9 +134,10 @@ class RangeCache {
   };
 
   // The block's bytes, reading it if no one has (or waiting for the reader
-  // that is). Adds to `counters`.
+  // that is); *read says whether this call read it (and counted it in
+  // `counters`).
   absl::StatusOr<std::shared_ptr<const std::string>> GetBlock(
-      const FileSource& file, uint64_t index, Counters* counters);
+      const FileSource& file, uint64_t index, Counters* counters, bool* read);
   void EvictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
@@ -144,7 +149,8 @@ class RangeCache {
   std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);
   uint64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t read_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t served_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes copied out of blocks this caller did not read.
+  std::atomic<uint64_t> served_bytes_{0};
   uint64_t evicted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
