@@ -354,6 +354,9 @@ absl::StatusOr<Response> Client::CallFor(absl::string_view id, const Rpc& rpc) {
   absl::Status not_found;
   for (const std::shared_ptr<Replica>& replica : replicas) {
     absl::StatusOr<Response> response = CallOn<Response>(*replica, rpc);
+    if (replicas.size() == 1 && !response.ok()) {
+      return replicas_->ExplainNotFound(*replica, id, response.status());
+    }
     if (replicas.size() == 1 || response.ok()) return response;
     switch (response.status().code()) {
       case absl::StatusCode::kNotFound:
@@ -597,6 +600,10 @@ absl::StatusOr<FetchResult> Client::Fetch(
     bool received = false;
     absl::StatusOr<FetchResult> result =
         FetchFrom(*replica, request, on_chunk, prefix, &received);
+    if (replicas.size() == 1 && !result.ok() && !received) {
+      return replicas_->ExplainNotFound(*replica, request.handle(),
+                                        result.status());
+    }
     if (result.ok() || received || replicas.size() == 1) return result;
     const absl::StatusCode code = result.status().code();
     if (code != absl::StatusCode::kNotFound &&

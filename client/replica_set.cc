@@ -345,4 +345,37 @@ absl::Status ReplicaSet::Explain(const Replica& replica,
       absl::StrCat(replica.Describe(), " did not answer: ", status.message()));
 }
 
+absl::Status ReplicaSet::ExplainNotFound(Replica& replica, absl::string_view id,
+                                         const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kNotFound) return status;
+  const std::string holder(registry::ReplicaOfId(id));
+  if (holder.empty() || replica.name() == holder) return status;
+  std::string answered_as = replica.name();
+  bool known = !answered_as.empty();
+  if (!known) {
+    // The one server of a single address: which replica is it?
+    grpc::ClientContext context;
+    prepare_(&context, discovery_timeout_);
+    v1::ServerInfo info;
+    known = replica.stub()
+                .GetServerInfo(&context, v1::GetServerInfoRequest(), &info)
+                .ok();
+    answered_as = info.replica();
+    // It is the replica the id names: the handle itself is gone.
+    if (known && answered_as == holder) return status;
+  }
+  const std::string asked =
+      !answered_as.empty() ? absl::StrCat("replica ", answered_as)
+      : known              ? std::string("a server without a replica name")
+                           : std::string(
+                                 "a server that did not say which replica "
+                                              "it is");
+  return absl::NotFoundError(absl::StrCat(
+      status.message(), "; \"", id, "\" names replica ", holder, ", but ",
+      replica.address(), " is ", asked,
+      ": a handle lives only on the replica that made it; connect to ", holder,
+      "'s address, or give every replica's address (a "
+      "comma-separated list, or a headless Service's name)"));
+}
+
 }  // namespace materializer::client

@@ -144,6 +144,15 @@ class ReplicaSet {
   // both name the replica. Other statuses come back unchanged.
   absl::Status Explain(const Replica& replica, const absl::Status& status);
 
+  // The status to return after `replica` answered NOT_FOUND for `id` (a
+  // handle or export id). When the id names a replica and `replica` is
+  // another one (a single address that reaches a different replica, or a
+  // load-balanced address), the message says which replica the id names
+  // and how to reach it; `replica` is asked its name (GetServerInfo) if it
+  // was not found by discovery. Otherwise `status` comes back unchanged.
+  absl::Status ExplainNotFound(Replica& replica, absl::string_view id,
+                               const absl::Status& status);
+
   const std::string& target() const { return target_; }
 
  private:

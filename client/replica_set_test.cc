@@ -31,6 +31,7 @@ using ::testing::ElementsAre;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
 // In a FakeReplica method: NOT_FOUND unless the replica issued `id`;
@@ -457,12 +458,32 @@ TEST(SingleServerTest, OneAddressIsUsedAsItIsWithoutDiscovery) {
   ASSERT_OK_AND_ASSIGN(v1::MaterializeResponse made,
                        client->Materialize(Model()));
   EXPECT_THAT(client->Describe(made.handle()), IsOk());
-  // An id naming another replica is still sent to the one server.
+  // An id naming another replica is still sent to the one server; its
+  // NOT_FOUND then says which replica the id names, and which one answered.
   EXPECT_THAT(
       client->Describe("h-9@elsewhere"),
-      StatusIs(absl::StatusCode::kNotFound, HasSubstr("not found on r0")));
-  EXPECT_THAT(only.fake->calls(),
-              ElementsAre("Materialize h-0@r0", "Describe h-0@r0"));
+      StatusIs(absl::StatusCode::kNotFound,
+               AllOf(HasSubstr("not found on r0"),
+                     HasSubstr("\"h-9@elsewhere\" names replica elsewhere, "
+                               "but " +
+                               only.address + " is replica r0"),
+                     HasSubstr("connect to elsewhere's address"))));
+  EXPECT_THAT(
+      only.fake->calls(),
+      ElementsAre("Materialize h-0@r0", "Describe h-0@r0", "GetServerInfo"));
+  // A fetch too.
+  v1::FetchRequest fetch;
+  fetch.set_handle("h-9@elsewhere");
+  EXPECT_THAT(
+      client->Fetch(fetch,
+                    [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+      StatusIs(absl::StatusCode::kNotFound,
+               HasSubstr("names replica elsewhere")));
+  // An id of this very replica that it no longer holds: plain NOT_FOUND.
+  EXPECT_THAT(client->Describe("h-7@r0"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("not found on r0"),
+                             Not(HasSubstr("names replica")))));
   client.reset();
   Stop(only);
 }

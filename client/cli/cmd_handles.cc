@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/command.h"
+#include "client/cli/hints.h"
 #include "client/cli/render.h"
 #include "client/format.h"
 #include "server/common/status_macros.h"
@@ -126,16 +128,18 @@ absl::Status RunList(Invocation& invocation) {
   if (list.failed.empty()) return absl::OkStatus();
   // The list is incomplete: say which replicas are missing, and fail so a
   // script cannot mistake it for all of them.
+  std::vector<std::string> silent;
   for (const FromReplica<v1::ListHandlesResponse>& failed : list.failed) {
-    invocation.err() << "matctl: warning: "
-                     << ReplicaLabel(failed.replica, failed.address)
+    silent.push_back(ReplicaLabel(failed.replica, failed.address));
+    invocation.err() << "matctl: warning: " << silent.back()
                      << " is missing from the list: "
                      << failed.result.status().message() << "\n";
   }
-  return absl::UnavailableError(
-      absl::StrCat(list.failed.size(),
-                   " of the replicas did not answer; the list holds "
-                   "the handles of the others"));
+  return WithSilentReplicas(
+      absl::UnavailableError(absl::StrCat(
+          absl::StrJoin(silent, ", "),
+          " did not answer; the list holds the handles of the others")),
+      silent);
 }
 
 absl::Status RunExport(Invocation& invocation) {

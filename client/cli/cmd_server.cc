@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/command.h"
 #include "client/cli/doctor.h"
+#include "client/cli/hints.h"
 #include "client/cli/render.h"
 #include "client/format.h"
 #include "server/common/status_macros.h"
@@ -17,15 +18,29 @@ namespace materializer::client::cli {
 namespace {
 
 // UNAVAILABLE naming the replicas that failed, after the output of those
-// that answered, so a script sees the result is incomplete.
+// that answered, so a script sees the result is incomplete. When some
+// answered, the status carries those that did not (WithSilentReplicas), for
+// the hint.
 template <typename T>
 absl::Status MissingReplicas(const std::vector<FromReplica<T>>& each) {
   if (each.size() == 1) return each[0].result.status();
   std::vector<std::string> missing;
+  std::vector<std::string> silent;
+  bool any_answered = false;
   for (const FromReplica<T>& entry : each) {
-    if (!entry.result.ok()) {
-      missing.push_back(absl::StrCat(ReplicaLabel(entry.replica, entry.address),
-                                     ": ", entry.result.status().message()));
+    if (entry.result.ok()) {
+      any_answered = true;
+      continue;
+    }
+    const std::string label = ReplicaLabel(entry.replica, entry.address);
+    missing.push_back(
+        absl::StrCat(label, ": ", entry.result.status().message()));
+    const absl::StatusCode code = entry.result.status().code();
+    if (code == absl::StatusCode::kUnavailable ||
+        code == absl::StatusCode::kDeadlineExceeded) {
+      silent.push_back(label);
+    } else {
+      any_answered = true;  // it answered, with a refusal
     }
   }
   if (missing.empty()) return absl::OkStatus();
@@ -33,8 +48,10 @@ absl::Status MissingReplicas(const std::vector<FromReplica<T>>& each) {
   // UNAUTHENTICATED for one that refused us, ...
   for (const FromReplica<T>& entry : each) {
     if (!entry.result.ok()) {
-      return absl::Status(entry.result.status().code(),
+      absl::Status status(entry.result.status().code(),
                           absl::StrJoin(missing, "; "));
+      return any_answered ? WithSilentReplicas(std::move(status), silent)
+                          : status;
     }
   }
   return absl::OkStatus();

@@ -1,12 +1,20 @@
 #include "client/cli/hints.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/types/optional.h"
 #include "client/cli/exit_code.h"
 
 namespace materializer::client::cli {
 namespace {
+
+// The payload WithSilentReplicas adds: the labels, one per line.
+constexpr char kSilentReplicasPayload[] =
+    "type.materializer.dev/matctl.SilentReplicas";
 
 bool Contains(const std::string& haystack,
               std::initializer_list<const char*> needles) {
@@ -18,9 +26,20 @@ bool Contains(const std::string& haystack,
 
 }  // namespace
 
+absl::Status WithSilentReplicas(absl::Status status,
+                                const std::vector<std::string>& silent) {
+  if (!silent.empty() && !status.ok()) {
+    status.SetPayload(kSilentReplicasPayload,
+                      absl::Cord(absl::StrJoin(silent, "\n")));
+  }
+  return status;
+}
+
 std::string HintFor(const absl::Status& status, const ClientOptions& options) {
   const std::string message = absl::AsciiStrToLower(status.message());
   const Security& security = options.security;
+  const absl::optional<absl::Cord> silent =
+      status.GetPayload(kSilentReplicasPayload);
   switch (status.code()) {
     case absl::StatusCode::kUnauthenticated:
       if (!security.token.empty()) {
@@ -29,10 +48,29 @@ std::string HintFor(const absl::Status& status, const ClientOptions& options) {
                             "; check that it is listed in the server's "
                             "--token_file");
       }
+      if (!security.tls_cert_file.empty()) {
+        // The handshake took the certificate: the server wants a token on
+        // every call as well (it has a --token_file).
+        return "the server took the client certificate but wants a bearer "
+               "token on every call too: give --token_file, "
+               "MATERIALIZER_TOKEN_FILE or MATERIALIZER_TOKEN";
+      }
       return "the server wants an identity: a bearer token (--token_file, "
              "MATERIALIZER_TOKEN_FILE or MATERIALIZER_TOKEN) or a client "
              "certificate (--tls_cert and --tls_key)";
     case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      if (silent.has_value()) {
+        const std::vector<std::string> labels =
+            absl::StrSplit(std::string(*silent), '\n');
+        return absl::StrCat(
+            absl::StrJoin(labels, ", "),
+            " did not answer, while the other replicas did (their answers "
+            "are above): is materializerd running there? A replica that "
+            "restarted has lost its handles; `matctl replicas` shows which "
+            "replicas answer");
+      }
+      if (status.code() == absl::StatusCode::kDeadlineExceeded) return "";
       break;
     default:
       return "";

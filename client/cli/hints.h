@@ -6,6 +6,7 @@
 // certificate, a missing or refused token.
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "client/client.h"
@@ -14,6 +15,13 @@ namespace materializer::client::cli {
 
 // The hint for `status` from a client connected with `options`, or "".
 std::string HintFor(const absl::Status& status, const ClientOptions& options);
+
+// `status` (the failure of a command that asked every replica) marked with
+// the replicas that did not answer (`silent`, as ReplicaLabel names them)
+// while others did, so that HintFor names those rather than saying that no
+// server answered. `status` unchanged when `silent` is empty.
+absl::Status WithSilentReplicas(absl::Status status,
+                                const std::vector<std::string>& silent);
 
 }  // namespace materializer::client::cli
 

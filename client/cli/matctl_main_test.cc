@@ -214,5 +214,45 @@ TEST(HintForTest, TheFirstProblemsPeopleMeet) {
   EXPECT_EQ(HintFor(absl::NotFoundError("handle h-1 not found"), plain), "");
 }
 
+TEST(HintForTest, AClientCertificateWithoutATokenIsToldToAddAToken) {
+  ClientOptions mtls;
+  mtls.security.tls_ca_file = "ca.pem";
+  mtls.security.tls_cert_file = "me.pem";
+  mtls.security.tls_key_file = "me.key";
+  const std::string hint =
+      HintFor(absl::UnauthenticatedError("missing bearer token: send metadata "
+                                         "\"authorization: Bearer <token>\""),
+              mtls);
+  EXPECT_THAT(hint, AllOf(HasSubstr("took the client certificate"),
+                          HasSubstr("give --token_file"),
+                          Not(HasSubstr("--tls_cert"))));
+}
+
+TEST(HintForTest, SomeReplicasSilentNamesThemNotEveryAddress) {
+  ClientOptions several;
+  several.target = "127.0.0.1:5,127.0.0.1:6";
+  const absl::Status one = WithSilentReplicas(
+      absl::UnavailableError("the server at 127.0.0.1:6: failed to connect "
+                             "to all addresses; Connection refused"),
+      {"the server at 127.0.0.1:6"});
+  const std::string hint = HintFor(one, several);
+  EXPECT_THAT(hint, AllOf(HasSubstr("the server at 127.0.0.1:6 did not "
+                                    "answer, while the other replicas did"),
+                          Not(HasSubstr("no server answered")),
+                          Not(HasSubstr("127.0.0.1:5"))));
+  const absl::Status two = WithSilentReplicas(
+      absl::DeadlineExceededError("..."),
+      {"replica r1 (10.0.0.2:50051)", "replica r2 (10.0.0.3:50051)"});
+  EXPECT_THAT(HintFor(two, several),
+              HasSubstr("replica r1 (10.0.0.2:50051), replica r2 "
+                        "(10.0.0.3:50051) did not answer"));
+  // Without the mark (nobody answered) the plain hint stays.
+  EXPECT_THAT(HintFor(absl::UnavailableError("failed to connect to all "
+                                             "addresses"),
+                      several),
+              HasSubstr("no server answered at 127.0.0.1:5,127.0.0.1:6"));
+  EXPECT_TRUE(WithSilentReplicas(absl::OkStatus(), {"x"}).ok());
+}
+
 }  // namespace
 }  // namespace materializer::client::cli

@@ -198,6 +198,30 @@ def test_bad_missing_or_misplaced_tokens(pki, tokens, tmp_path):
     assert "token file" in unreadable.stderr
 
 
+def test_a_certificate_without_the_token_is_told_to_add_the_token(
+        pki, tmp_path):
+    """A server with a client CA and a token file takes the certificate in
+    the handshake and still wants a token on every call: the hint asks for
+    the token, not for a certificate the client already gave."""
+    path = tmp_path / "tokens.txt"
+    path.write_text(f"{TOKEN_A} trainer-a\n")
+    cert, key = pki.client("alice")
+    with tls_server(pki, [f"--tls_client_ca={pki.ca}",
+                          f"--token_file={path}"]) as srv:
+        args = [f"--server={srv.address}", f"--tls_ca={pki.ca}",
+                f"--tls_cert={cert}", f"--tls_key={key}", "--timeout=10s"]
+        refused = matctl(*args, "ls")
+        assert refused.returncode == EXIT_DENIED, refused.stderr
+        hints = [line for line in refused.stderr.splitlines()
+                 if line.startswith("hint: ")]
+        assert hints == [
+            "hint: the server took the client certificate but wants a bearer "
+            "token on every call too: give --token_file, "
+            "MATERIALIZER_TOKEN_FILE or MATERIALIZER_TOKEN"], refused.stderr
+        served = matctl(*args, "ls", env={"MATERIALIZER_TOKEN": TOKEN_A})
+        assert served.returncode == 0, served.stderr
+
+
 def test_a_token_is_never_printed(pki, tokens, model_file, tmp_path):
     """Every source, successful and failing commands, --verbose and JSON."""
     tls = [f"--server={tokens.address}", f"--tls_ca={pki.ca}", "--verbose"]

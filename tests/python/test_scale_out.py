@@ -180,6 +180,21 @@ def test_a_replica_going_away(tmp_path):
                     str(tmp_path / "x.st"))
         assert fetch.returncode == EXIT_UNAVAILABLE, fetch.stderr
 
+        # Commands that ask every replica print what the others said, and
+        # their hint names the one that did not answer (not every address).
+        for args in (("stats",), ("health",), ("replicas",), ("ls",)):
+            r = ctl(rs, "--timeout=10s", *args)
+            assert r.returncode == EXIT_UNAVAILABLE, (args, r.stderr)
+            hints = [line for line in r.stderr.splitlines()
+                     if line.startswith("hint: ")]
+            assert len(hints) == 1, (args, r.stderr)
+            assert hints[0].startswith(
+                f"hint: the server at {r2.address} did not answer, while "
+                "the other replicas did"), (args, hints)
+            assert r0.address not in hints[0] and \
+                r1.address not in hints[0], (args, hints)
+            assert "no server answered" not in r.stderr, (args, r.stderr)
+
         # The others keep serving.
         assert ctl(rs, "describe", on_r1).returncode == 0
         again = materialize(rs, model(tmp_path, 8, "c"))
@@ -204,6 +219,28 @@ def test_a_replica_going_away(tmp_path):
 
         for h in (on_r1, again):
             assert ctl(rs, "release", h).returncode == 0
+
+
+def test_an_id_sent_to_another_replica_names_its_replica(tmp_path):
+    with replicas([("ra", "64MiB"), ("rb", "96MiB")]) as rs:
+        ra, rb = rs
+        on_rb = materialize(rs, model(tmp_path, 8, "a"))
+        assert on_rb.endswith("@rb")
+        # Only ra's address: the id says rb holds it, and where to go.
+        wrong = ctl([ra], "describe", on_rb)
+        assert wrong.returncode == EXIT_NOT_FOUND, wrong.stderr
+        assert (f'"{on_rb}" names replica rb, but {ra.address} is replica '
+                "ra") in wrong.stderr, wrong.stderr
+        assert "connect to rb's address, or give every replica's address" \
+            in wrong.stderr
+        # ra's own id that it no longer holds: a plain NOT_FOUND.
+        on_ra = materialize([ra], model(tmp_path, 8, "b"))
+        assert ctl([ra], "release", on_ra).returncode == 0
+        gone = ctl([ra], "describe", on_ra)
+        assert gone.returncode == EXIT_NOT_FOUND, gone.stderr
+        assert "names replica" not in gone.stderr
+        assert ctl([rb], "describe", on_rb).returncode == 0
+        assert ctl(rs, "release", on_rb).returncode == 0
 
 
 def test_two_tls_replicas_with_a_token_and_advertised_addresses(tmp_path):
