@@ -1,12 +1,18 @@
-// materializerd: parses flags, starts the server, waits for SIGINT/SIGTERM.
+// materializerd: parses flags, starts the server, waits for SIGINT/SIGTERM
+// (shutdown) and SIGHUP (credential reload).
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -14,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "server/common/log.h"
 #include "server/common/units.h"
+#include "server/service/library_logs.h"
 #include "server/service/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -73,6 +80,10 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "mTLS: CA bundle client certificates must chain to (PEM)");
 ABSL_FLAG(std::string, token_file, "",
           "bearer tokens, one \"<token> <client name>\" per line (needs TLS)");
+ABSL_FLAG(absl::Duration, credential_check_interval, absl::Seconds(1),
+          "how often the token file, TLS certificate, key and client CA are "
+          "checked for changes, which are then put in force without a "
+          "restart (SIGHUP does it at once); 0 = on SIGHUP only");
 ABSL_FLAG(std::string, admin_clients, "",
           "comma-separated identities that see every client in GetStats");
 ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
@@ -101,10 +112,66 @@ ABSL_FLAG(std::string, checkpoint_cache_bytes, "2GiB",
           "first), so the ranks and jobs of a node read a file once; not "
           "charged to any client's quota; 0 keeps none");
 
+namespace {
+
+// Words of `text` in lines of at most `width` characters, each starting
+// with `indent`.
+std::string Wrap(absl::string_view text, absl::string_view indent,
+                 size_t width) {
+  std::string out;
+  std::string line(indent);
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (line.size() > indent.size() && line.size() + 1 + word.size() > width) {
+      absl::StrAppend(&out, line, "\n");
+      line = std::string(indent);
+    }
+    absl::StrAppend(&line, line.size() > indent.size() ? " " : "", word);
+  }
+  absl::StrAppend(&out, line, "\n");
+  return out;
+}
+
+// --help: the usage and this file's flags, on stdout. (absl's own --help
+// exits with status 1.)
+void PrintHelp() {
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), "server/main.cc")) {
+      flags.push_back(flag);
+    }
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
+              return a->Name() < b->Name();
+            });
+  std::cout << absl::ProgramUsageMessage() << "\n\nFlags "
+            << "(docs/operations.md explains them):\n";
+  for (const absl::CommandLineFlag* flag : flags) {
+    std::cout << "  --" << flag->Name() << " (default: \""
+              << flag->DefaultValue() << "\")\n"
+              << Wrap(flag->Help(), "      ", 78);
+  }
+}
+
+bool AsksForHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") return false;
+    if (arg == "--help" || arg == "-help" || arg == "-h") return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Materializes PyTorch meta modules into initialized weights over gRPC.\n"
       "Usage: materializerd [--listen=127.0.0.1:50051] [--devices=auto] ...");
+  if (AsksForHelp(argc, argv)) {
+    PrintHelp();
+    return 0;
+  }
   // --help lists the flags of this file (absl's default looks for a file
   // named after the binary).
   absl::FlagsUsageConfig usage;
@@ -128,6 +195,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   materializer::log::SetFormat(format);
+  // From here on every stderr line has this format, gRPC's included.
+  materializer::service::RouteLibraryLogs();
 
   materializer::service::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -146,6 +215,8 @@ int main(int argc, char** argv) {
   options.auth.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.auth.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth.token_file = absl::GetFlag(FLAGS_token_file);
+  options.credential_check_interval =
+      absl::GetFlag(FLAGS_credential_check_interval);
   options.auth.admin_clients =
       absl::StrSplit(absl::GetFlag(FLAGS_admin_clients), ',',
                      absl::SkipWhitespace());
@@ -165,8 +236,10 @@ int main(int argc, char** argv) {
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.replica = absl::GetFlag(FLAGS_replica);
   if (options.session_grace < absl::ZeroDuration() ||
-      options.default_ttl <= absl::ZeroDuration()) {
-    std::cerr << "materializerd: --session_grace must be >= 0 and "
+      options.default_ttl <= absl::ZeroDuration() ||
+      options.credential_check_interval < absl::ZeroDuration()) {
+    std::cerr << "materializerd: --session_grace and "
+                 "--credential_check_interval must be >= 0 and "
                  "--default_ttl > 0\n";
     return 2;
   }
@@ -179,28 +252,38 @@ int main(int argc, char** argv) {
   }
   options.max_message_bytes = static_cast<int>(*max_message);
 
-  // Signals are taken by a dedicated thread with sigwait, so shutdown runs as
-  // ordinary code rather than inside a signal handler.
+  // Signals are taken by a dedicated thread with sigwait, so shutdown and
+  // reloads run as ordinary code rather than inside a signal handler.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<materializer::service::Server>> server =
       materializer::service::Server::Start(options);
   if (!server.ok()) {
-    std::cerr << "materializerd: " << server.status() << "\n";
+    // Through the logger: in JSON mode this line parses too.
+    MLOG(ERROR) << "materializerd: " << server.status();
     return 1;
   }
   std::cout << "materializerd listening on " << (*server)->address()
             << std::endl;
 
   std::thread signal_thread([&signals, &server] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    MLOG(INFO) << "signal " << signal << ": shutting down";
-    (*server)->Shutdown(absl::Seconds(10));
+    while (true) {
+      int signal = 0;
+      sigwait(&signals, &signal);
+      if (signal == SIGHUP) {
+        MLOG(INFO) << "SIGHUP: reloading the credential files";
+        (*server)->ReloadCredentials().IgnoreError();  // each one is logged
+        continue;
+      }
+      MLOG(INFO) << "signal " << signal << ": shutting down";
+      (*server)->Shutdown(absl::Seconds(10));
+      return;
+    }
   });
   (*server)->Wait();
   // Wake the signal thread if shutdown came from elsewhere.

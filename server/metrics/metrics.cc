@@ -179,6 +179,13 @@ class Metrics::Impl final : public prometheus::Collectable {
                              .Help("Handles released by cleanup, by reason "
                                    "(session_end, lease_expiry)")
                              .Register(*registry_)),
+        credential_reloads_(
+            prometheus::BuildCounter()
+                .Name("materializer_credential_reloads_total")
+                .Help("Changed credential files put in force (result ok) or "
+                      "refused, the old ones staying (result error), by kind "
+                      "(tokens, certificate, client_ca)")
+                .Register(*registry_)),
         release_delay_(prometheus::BuildHistogram()
                            .Name("materializer_session_release_delay_seconds")
                            .Help("From the end of a session's stream to the "
@@ -264,7 +271,19 @@ class Metrics::Impl final : public prometheus::Collectable {
     cleanup_lease_handles_->Increment(static_cast<double>(handles));
   }
 
+  void RecordCredentialReload(absl::string_view kind, bool ok) {
+    // Rare: Family::Add (locked, idempotent) finds the series each time.
+    credential_reloads_
+        .Add({{"kind", std::string(kind)}, {"result", ok ? "ok" : "error"}})
+        .Increment();
+  }
+
   void InitFixedSeries() {
+    for (const char* kind : {"tokens", "certificate", "client_ca"}) {
+      for (const char* result : {"ok", "error"}) {
+        credential_reloads_.Add({{"kind", kind}, {"result", result}});
+      }
+    }
     fetch_start_ = &fetches_.Add({{"kind", "start"}});
     fetch_resume_ = &fetches_.Add({{"kind", "resume"}});
     cleanup_session_ =
@@ -338,6 +357,7 @@ class Metrics::Impl final : public prometheus::Collectable {
   Gauge& sessions_live_;
   Family<Histogram>& cleanup_seconds_;
   Family<Counter>& cleanup_handles_;
+  Family<Counter>& credential_reloads_;
   Histogram& release_delay_;
   // Series that always exist, made once (InitFixedSeries).
   Counter* fetch_start_ = nullptr;
@@ -548,6 +568,10 @@ void Metrics::RecordSessionEnded(absl::Duration cleanup,
 
 void Metrics::RecordLeaseExpiry(absl::Duration cleanup, size_t handles) {
   impl_->RecordLeaseExpiry(cleanup, handles);
+}
+
+void Metrics::RecordCredentialReload(absl::string_view kind, bool ok) {
+  impl_->RecordCredentialReload(kind, ok);
 }
 
 std::string Metrics::TextFormat() const {

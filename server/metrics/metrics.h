@@ -88,6 +88,11 @@ class Metrics {
   // The reaper released `handles` handles whose lease lapsed, in `cleanup`.
   void RecordLeaseExpiry(absl::Duration cleanup, size_t handles);
 
+  // A changed credential file was put in force (`ok`), or refused, the old
+  // one staying in force. `kind` is "tokens", "certificate" (with its
+  // key) or "client_ca"; the series of these three exist from the start.
+  void RecordCredentialReload(absl::string_view kind, bool ok);
+
   // Every metric in the Prometheus text format, as a scrape sees it.
   std::string TextFormat() const;
 

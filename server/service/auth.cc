@@ -14,8 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "grpcpp/security/auth_metadata_processor.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "server/common/status_macros.h"
+#include "server/service/published_file.h"
+#include "server/service/tls_files.h"
 
 namespace materializer::service {
 namespace {
@@ -48,13 +54,41 @@ absl::StatusOr<absl::string_view> AuthorizationOf(const Metadata& metadata) {
   return absl::string_view(begin->second.data(), begin->second.size());
 }
 
+// gRPC's certificate provider looks at its files this often (whole
+// seconds; 1 is the least), so a checked new certificate is used within
+// about a second of being published.
+constexpr unsigned int kProviderRefreshSeconds = 1;
+
+}  // namespace
+
+// The token table in force. Thread-safe: readers take a reference to the
+// current table, so a swap never disturbs a lookup under way.
+class TokenStore {
+ public:
+  std::shared_ptr<const TokenTable> Get() const {
+    absl::MutexLock lock(&mu_);
+    return table_;
+  }
+  void Set(std::shared_ptr<const TokenTable> table) {
+    absl::MutexLock lock(&mu_);
+    table_ = std::move(table);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  // Guards the pointer (the table itself is immutable).
+  std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
 // Refuses a call without a valid bearer token before any handler runs.
 // It changes nothing: `context` is the connection's auth context, shared by
 // every call on it, so the caller's identity is not recorded there but
 // taken by Authenticator::Authenticate from each call's own metadata.
 class TokenProcessor final : public grpc::AuthMetadataProcessor {
  public:
-  explicit TokenProcessor(std::shared_ptr<const TokenTable> tokens)
+  explicit TokenProcessor(std::shared_ptr<const TokenStore> tokens)
       : tokens_(std::move(tokens)) {}
 
   // A hash and a table scan: cheap enough for gRPC's own threads.
@@ -66,7 +100,9 @@ class TokenProcessor final : public grpc::AuthMetadataProcessor {
                        OutputMetadata* /*response_metadata*/) override {
     absl::StatusOr<absl::string_view> authorization = AuthorizationOf(metadata);
     absl::Status status = authorization.status();
-    if (status.ok()) status = tokens_->ClientOf(*authorization).status();
+    if (status.ok()) {
+      status = tokens_->Get()->ClientOf(*authorization).status();
+    }
     if (!status.ok()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           std::string(status.message()));
@@ -75,7 +111,7 @@ class TokenProcessor final : public grpc::AuthMetadataProcessor {
   }
 
  private:
-  const std::shared_ptr<const TokenTable> tokens_;
+  const std::shared_ptr<const TokenStore> tokens_;
 };
 
 }  // namespace
@@ -170,6 +206,7 @@ absl::StatusOr<absl::flat_hash_map<std::string, std::string>> ParseTokenFile(
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     const AuthOptions& options) {
   std::unique_ptr<Authenticator> auth(new Authenticator());
+  auth->options_ = options;
   auth->admins_.insert(options.admin_clients.begin(),
                        options.admin_clients.end());
   const bool tls =
@@ -183,36 +220,15 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     auth->credentials_ = grpc::InsecureServerCredentials();
     return auth;
   }
-  if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "TLS needs both the certificate (--tls_cert) and key (--tls_key)");
-  }
-  grpc::SslServerCredentialsOptions ssl;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain,
-                   ReadFile(options.tls_cert_file, "TLS certificate"));
-  ASSIGN_OR_RETURN(pair.private_key, ReadFile(options.tls_key_file, "TLS key"));
-  ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!options.client_ca_file.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs,
-                     ReadFile(options.client_ca_file, "client CA"));
-    ssl.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-    auth->mtls_ = true;
-  }
-  auth->credentials_ = grpc::SslServerCredentials(ssl);
+  RETURN_IF_ERROR(auth->SetUpTls(options));
   if (!options.token_file.empty()) {
     ASSIGN_OR_RETURN(std::string text,
                      ReadFile(options.token_file, "token file"));
-    absl::StatusOr<absl::flat_hash_map<std::string, std::string>> tokens =
-        ParseTokenFile(text);
-    if (!tokens.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          options.token_file, ": ", tokens.status().message()));
-    }
-    auth->tokens_ = std::make_shared<const TokenTable>(*tokens);
+    auth->tokens_ = std::make_shared<TokenStore>();
+    RETURN_IF_ERROR(auth->ReplaceTokens(text).status());
     auth->credentials_->SetAuthMetadataProcessor(
         std::make_shared<TokenProcessor>(auth->tokens_));
+    auth->loaded_.push_back({"tokens", {options.token_file}, {text}, {}});
   }
   if (!auth->mtls_ && auth->tokens_ == nullptr) {
     return absl::InvalidArgumentError(
@@ -221,6 +237,121 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
   }
   auth->insecure_ = false;
   return auth;
+}
+
+absl::Status Authenticator::SetUpTls(const AuthOptions& options) {
+  if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both the certificate (--tls_cert) and key (--tls_key)");
+  }
+  ASSIGN_OR_RETURN(std::string cert,
+                   ReadFile(options.tls_cert_file, "TLS certificate"));
+  ASSIGN_OR_RETURN(std::string key, ReadFile(options.tls_key_file, "TLS key"));
+  ASSIGN_OR_RETURN(identity_file_, PublishedFile::Create("tls-identity", ""));
+  RETURN_IF_ERROR(ReplaceIdentity(cert, key).status());
+  loaded_.push_back({"certificate",
+                     {options.tls_cert_file, options.tls_key_file},
+                     {std::move(cert), std::move(key)},
+                     {}});
+  std::string client_ca_path;
+  if (!options.client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(std::string bundle,
+                     ReadFile(options.client_ca_file, "client CA"));
+    ASSIGN_OR_RETURN(client_ca_file_,
+                     PublishedFile::Create("tls-client-ca", ""));
+    RETURN_IF_ERROR(ReplaceClientCa(bundle).status());
+    loaded_.push_back(
+        {"client_ca", {options.client_ca_file}, {std::move(bundle)}, {}});
+    client_ca_path = client_ca_file_->path();
+    mtls_ = true;
+  }
+  // The provider reads the key and the chain from one file (each is taken
+  // from its own PEM blocks), so they always change together.
+  provider_ =
+      std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          identity_file_->path(), identity_file_->path(), client_ca_path,
+          kProviderRefreshSeconds);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider_);
+  tls.watch_identity_key_cert_pairs();
+  if (mtls_) {
+    tls.watch_root_certs();
+    tls.set_cert_request_type(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  credentials_ = grpc::experimental::TlsServerCredentials(tls);
+  if (credentials_ == nullptr) {
+    return absl::InternalError("gRPC refused the TLS server credentials");
+  }
+  return absl::OkStatus();
+}
+
+Authenticator::~Authenticator() = default;
+
+absl::StatusOr<std::string> Authenticator::ReplaceTokens(
+    absl::string_view text) {
+  absl::StatusOr<absl::flat_hash_map<std::string, std::string>> tokens =
+      ParseTokenFile(text);
+  if (!tokens.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.token_file, ": ", tokens.status().message()));
+  }
+  absl::flat_hash_set<absl::string_view> clients;
+  for (const auto& [token, client] : *tokens) clients.insert(client);
+  const std::string summary = absl::StrCat(
+      tokens->size(), tokens->size() == 1 ? " token" : " tokens", " for ",
+      clients.size(), clients.size() == 1 ? " client" : " clients");
+  tokens_->Set(std::make_shared<const TokenTable>(*tokens));
+  return summary;
+}
+
+absl::StatusOr<std::string> Authenticator::ReplaceIdentity(
+    absl::string_view cert_chain, absl::string_view key) {
+  absl::StatusOr<CertificateSummary> leaf =
+      CheckKeyPair(cert_chain, key, absl::Now());
+  if (!leaf.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.tls_cert_file, " and ", options_.tls_key_file,
+                     ": ", leaf.status().message()));
+  }
+  RETURN_IF_ERROR(identity_file_->Replace(absl::StrCat(key, "\n", cert_chain)));
+  return absl::StrCat(
+      leaf->subject, ", valid until ",
+      absl::FormatTime(absl::RFC3339_sec, leaf->not_after, absl::UTCTimeZone()),
+      ", chain of ", leaf->chain_length);
+}
+
+absl::StatusOr<std::string> Authenticator::ReplaceClientCa(
+    absl::string_view bundle) {
+  absl::StatusOr<int> count = CheckCaBundle(bundle);
+  if (!count.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options_.client_ca_file, ": ", count.status().message()));
+  }
+  RETURN_IF_ERROR(client_ca_file_->Replace(bundle));
+  return absl::StrCat(*count,
+                      *count == 1 ? " CA certificate" : " CA certificates");
+}
+
+std::vector<CredentialSource> Authenticator::CredentialSources() {
+  std::vector<CredentialSource> sources = loaded_;
+  for (CredentialSource& source : sources) {
+    if (source.kind == "tokens") {
+      source.apply = [this](const std::vector<std::string>& contents) {
+        return ReplaceTokens(contents[0]);
+      };
+    } else if (source.kind == "certificate") {
+      source.apply = [this](const std::vector<std::string>& contents) {
+        return ReplaceIdentity(contents[0], contents[1]);
+      };
+    } else {
+      source.apply = [this](const std::vector<std::string>& contents) {
+        return ReplaceClientCa(contents[0]);
+      };
+    }
+  }
+  return sources;
 }
 
 std::shared_ptr<grpc::ServerCredentials> Authenticator::ServerCredentials()
@@ -262,7 +393,8 @@ absl::StatusOr<engine::Caller> Authenticator::Authenticate(
     // has one); it wins over a client certificate.
     absl::StatusOr<absl::string_view> authorization = AuthorizationOf(metadata);
     if (!authorization.ok()) return authorization.status();
-    absl::StatusOr<std::string> client = tokens_->ClientOf(*authorization);
+    absl::StatusOr<std::string> client =
+        tokens_->Get()->ClientOf(*authorization);
     if (!client.ok()) return client.status();
     caller.identity = std::move(*client);
   } else {

@@ -16,9 +16,20 @@
 //     "x-materializer-client" metadata. Loopback only unless explicitly
 //     allowed, and logged as insecure.
 //
+// The token file, the certificate with its key and the client CA can be
+// replaced while the server runs (CredentialSources(), driven by a
+// CredentialWatcher): new contents are checked first and refused, the old
+// ones staying, when they would not work. A new token table applies from
+// the next call on; a new certificate or client CA from the next TLS
+// handshake (connections already open keep theirs). The TLS material goes
+// to gRPC through its file-watching certificate provider, which reads it
+// from in-memory files (published_file.h) that hold only checked
+// contents.
+//
 //   ASSIGN_OR_RETURN(std::unique_ptr<Authenticator> auth,
 //                    Authenticator::Create(options));
 //   builder.AddListeningPort(address, auth->ServerCredentials());
+//   CredentialWatcher watcher(auth->CredentialSources(), interval, metrics);
 //   ASSIGN_OR_RETURN(engine::Caller caller, auth->Authenticate(context));
 
 #include <memory>
@@ -32,8 +43,16 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
 #include "server/engine/engine.h"
+#include "server/service/credential_watcher.h"
+
+namespace grpc::experimental {
+class CertificateProviderInterface;
+}  // namespace grpc::experimental
 
 namespace materializer::service {
+
+class PublishedFile;
+class TokenStore;
 
 inline constexpr char kClientMetadataKey[] = "x-materializer-client";
 inline constexpr char kSessionMetadataKey[] = "x-materializer-session";
@@ -76,11 +95,17 @@ class TokenTable {
   std::vector<Entry> entries_;
 };
 
-// Thread-safe; immutable after Create.
+// Thread-safe: calls are authenticated while CredentialSources()'
+// callbacks replace the credentials.
 class Authenticator {
  public:
+  // Reads and checks every file `options` names. INVALID_ARGUMENT naming
+  // the file and the problem.
   static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
       const AuthOptions& options);
+  ~Authenticator();
+  Authenticator(const Authenticator&) = delete;
+  Authenticator& operator=(const Authenticator&) = delete;
 
   // The credentials to listen with (TLS, with the token processor
   // attached, or insecure for the development mode).
@@ -101,15 +126,39 @@ class Authenticator {
   absl::StatusOr<engine::Caller> Authenticate(
       const grpc::CallbackServerContext& context) const;
 
+  // The credential files that can be replaced while the server runs, each
+  // with the contents in force and the callback that checks and swaps in
+  // new ones: "tokens" (the token file), "certificate" (certificate chain
+  // and key, together), "client_ca". None in the development mode. The
+  // callbacks use this object, which must outlive their caller.
+  std::vector<CredentialSource> CredentialSources();
+
  private:
   Authenticator() = default;
 
+  // Reads and checks the TLS files, and sets up the credentials.
+  absl::Status SetUpTls(const AuthOptions& options);
+  // The CredentialSource callbacks.
+  absl::StatusOr<std::string> ReplaceTokens(absl::string_view text);
+  absl::StatusOr<std::string> ReplaceIdentity(absl::string_view cert_chain,
+                                              absl::string_view key);
+  absl::StatusOr<std::string> ReplaceClientCa(absl::string_view bundle);
+
+  AuthOptions options_;
   bool insecure_ = true;
   bool mtls_ = false;
-  // Set when bearer tokens are configured.
-  std::shared_ptr<const TokenTable> tokens_;
+  // Set when bearer tokens are configured; shared with the token processor.
+  std::shared_ptr<TokenStore> tokens_;
+  // TLS: the checked key and certificate chain (one file), and client CA,
+  // that gRPC's certificate provider reads. Declared before the provider
+  // and the credentials, so that those are gone before these close.
+  std::unique_ptr<PublishedFile> identity_file_;
+  std::unique_ptr<PublishedFile> client_ca_file_;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   absl::flat_hash_set<std::string> admins_;
+  // What was loaded at Create, for CredentialSources().
+  std::vector<CredentialSource> loaded_;
 };
 
 // Parses a token file ("<token> <client name>" per line). INVALID_ARGUMENT

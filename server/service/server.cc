@@ -31,6 +31,7 @@
 #include "server/registry/registry.h"
 #include "server/registry/session.h"
 #include "server/service/auth.h"
+#include "server/service/credential_watcher.h"
 #include "server/service/health_listener.h"
 #include "server/service/materializer_service.h"
 #include "server/service/server_info.h"
@@ -162,6 +163,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       server->registry_.get(), options.session_grace,
       server->session_reporter_.get());
   server->authenticator_ = std::move(authenticator);
+  server->credential_watcher_ = std::make_unique<CredentialWatcher>(
+      server->authenticator_->CredentialSources(),
+      options.credential_check_interval, server->metrics_.get());
   if (options.client_workers < 0 || options.client_queue < 1) {
     return absl::InvalidArgumentError(
         "client workers must be >= 0 and the client queue >= 1");
@@ -297,7 +301,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (server->authenticator_->insecure()) {
     MLOG(WARNING) << server->authenticator_->Describe();
   } else {
-    MLOG(INFO) << "authentication: " << server->authenticator_->Describe();
+    MLOG(INFO) << "authentication: " << server->authenticator_->Describe()
+               << "; credential files are checked for changes "
+               << (options.credential_check_interval > absl::ZeroDuration()
+                       ? absl::StrCat("every ",
+                                      absl::FormatDuration(
+                                          options.credential_check_interval),
+                                      " and ")
+                       : std::string())
+               << "on SIGHUP";
   }
   MLOG(INFO) << "sessions outlive their stream by "
              << absl::FormatDuration(options.session_grace)
@@ -334,6 +346,10 @@ void Server::ReapLoop(absl::Duration interval) {
 
 Server::~Server() { Shutdown(absl::Seconds(5)); }
 
+absl::Status Server::ReloadCredentials() {
+  return credential_watcher_->ReloadNow();
+}
+
 std::string Server::health_address() const {
   return health_listener_ == nullptr ? "" : health_listener_->address();
 }
@@ -352,6 +368,8 @@ void Server::Shutdown(absl::Duration deadline) {
     }
     shutting_down_ = true;
   }
+  // Null when Start failed half way.
+  if (credential_watcher_ != nullptr) credential_watcher_->Stop();
   // Probes see the drain before the port stops taking calls.
   if (health_listener_ != nullptr) health_listener_->SetNotServing();
   // grpc_server_ is null when Start failed half way.

@@ -82,6 +82,10 @@ struct ServerOptions {
   // it on a non-loopback address must be asked for explicitly.
   AuthOptions auth;
   bool allow_insecure_remote = false;
+  // How often the credential files (auth) are checked for changes, which
+  // are put in force without a restart (credential_watcher.h); zero: only
+  // when ReloadCredentials() is called.
+  absl::Duration credential_check_interval = absl::Seconds(1);
   // How long a session outlives its Attach stream (0: release at once).
   absl::Duration session_grace = absl::Seconds(5);
   // Lease of handles created outside a session, when the request sets none.
@@ -132,6 +136,10 @@ class Server {
   // Where /metrics is served ("" when it is not).
   std::string metrics_address() const;
 
+  // Reads the credential files now and puts what changed in force (main
+  // calls it on SIGHUP). OK, or the first refusal; each outcome is logged.
+  absl::Status ReloadCredentials();
+
   memory::DevicePool& pool() { return *pool_; }
   registry::HandleRegistry& registry() { return *registry_; }
 
@@ -161,6 +169,8 @@ class Server {
   std::unique_ptr<metrics::SessionReporter> session_reporter_;
   std::unique_ptr<registry::SessionTable> sessions_;
   std::unique_ptr<Authenticator> authenticator_;
+  // Uses the authenticator and the metrics; stopped first at shutdown.
+  std::unique_ptr<CredentialWatcher> credential_watcher_;
   // Declared before the engine, which borrows them.
   std::unique_ptr<checkpoint::CheckpointRoots> checkpoint_roots_;
   std::unique_ptr<load::RootsOpener> checkpoint_opener_;
