@@ -233,3 +233,51 @@ def test_unknown_log_format_is_refused():
         with serverproc.running_server(["--log_format=yaml"]):
             pass
     assert "--log_format must be text or json" in str(failed.value)
+
+
+def test_json_mode_routes_grpcs_own_lines_too(tls):
+    """gRPC logs a failed TLS handshake itself; in JSON mode that line is
+    JSON like every other, with gRPC's source file and level."""
+    import socket
+    args = ["--log_format=json", "--log_level=info",
+            f"--tls_cert={tls / 'server.pem'}",
+            f"--tls_key={tls / 'server.key'}",
+            f"--token_file={tls / 'tokens.txt'}"]
+    with serverproc.running_server(args, connect=False) as srv:
+        port = int(srv.address.rsplit(":", 1)[1])
+        # A plaintext gRPC client on the TLS port, and raw bytes that are
+        # not a TLS hello: each is a failed handshake on the server.
+        plain = grpc.insecure_channel(srv.address)
+        with pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(plain).result(timeout=2)
+        plain.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\x00" * 64)
+            try:
+                s.recv(100)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        while "Handshake failed" not in read_lines(srv.log_path)[0]:
+            assert time.monotonic() < deadline, \
+                "gRPC logged no failed handshake:\n" + \
+                read_lines(srv.log_path)[0]
+            time.sleep(0.05)
+        # The server still serves.
+        channel, stub = secure_stub(srv, tls, serverproc.import_protos()[1],
+                                    TOKEN)
+        channel.close()
+        text, lines = read_lines(srv.log_path)
+
+    handshakes = []
+    for line in lines:
+        obj = json.loads(line)  # every line, gRPC's included
+        assert TIME_RE.match(obj["time"]), obj["time"]
+        assert obj["level"] in ("debug", "info", "warning", "error")
+        assert re.match(r"^[a-z0-9_]+\.cc:\d+$", obj["source"]), obj["source"]
+        if "Handshake failed" in obj.get("msg", ""):
+            handshakes.append(obj)
+    assert handshakes, text
+    assert all(h["level"] == "error" for h in handshakes), handshakes
+    assert any(h["source"].startswith("ssl_transport_security.cc:")
+               for h in handshakes), handshakes
