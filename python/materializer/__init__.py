@@ -7,6 +7,10 @@ weights, through materializerd.
         model = MyModel(config)
     materializer.materialize(model, server="127.0.0.1:50051", device="cpu")
 
+The server and identity, when not passed, come from the variables matctl
+reads (MATERIALIZER_SERVER, MATERIALIZER_TLS_CA, MATERIALIZER_TOKEN, ...:
+materializer.client.env).
+
 Layers (each usable alone; none imports the one above it):
   materializer.client   typed calls, sessions, identity, retries, errors
   materializer.capture  nn.Module (meta) -> Spec, from the model's own init code
@@ -32,11 +36,11 @@ from materializer.errors import CaptureError, Error, LoadError, RpcError  # noqa
 from materializer.client import TLS, Client  # noqa: E402
 from materializer.capture import (InitHook, Scheme, Spec, meta_device,  # noqa: E402
                                   schemes)
-from materializer.api import describe, materialize  # noqa: E402
+from materializer.api import describe, materialize, plan  # noqa: E402
 
 init = schemes  # materializer.init.normal(std=0.02) for overrides
 
 __version__ = "0.1.0"
 __all__ = ["CaptureError", "Client", "Error", "InitHook", "LoadError",
            "RpcError", "Scheme", "Spec", "TLS", "describe", "init",
-           "materialize", "meta_device", "schemes"]
+           "materialize", "meta_device", "plan", "schemes"]

@@ -5,6 +5,7 @@ Materialize on the server), load (the handle's bytes into the module),
 then releases the handle.
 """
 
+import functools
 import ipaddress
 import logging
 import sys
@@ -15,7 +16,7 @@ import torch
 
 from materializer import capture
 from materializer.client import Client
-from materializer.errors import LoadError, RpcError
+from materializer.errors import LoadError, RpcError, in_call
 from materializer.load import (Targets, check_loaded, copy_cuda_ipc, device_uuid,
                                load_stream, shm_views)
 from materializer.load.resident import MakeResident
@@ -112,14 +113,72 @@ def _progress(enabled, total, desc):
                 disable=False)
 
 
-def materialize(model, server=None, *, client=None, device="cpu", seed=0,
+def _user_call(name):
+    """Decorator: an RpcError raised in the function names it as the call
+    it failed in (RpcError.call), rather than only the RPC."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except RpcError as e:
+                in_call(e, name)
+                raise
+        return call
+    return wrap
+
+
+def _client_for(server, client, tls, token, connect_timeout, session=True):
+    """(the client to use, whether it is ours to close)."""
+    if client is None:
+        return Client(server, tls=tls, token=token, connect_timeout=connect_timeout,
+                      session=session), True
+    given = [name for name, value in (("server", server), ("tls", tls), ("token", token),
+                                      ("connect_timeout", connect_timeout))
+             if value is not None]
+    if given:
+        raise ValueError(f"pass either client= or {', '.join(n + '=' for n in given)} "
+                         "(the client has its own)")
+    return client, False
+
+
+@_user_call("plan")
+def plan(model, server=None, *, client=None, tls=None, token=None, connect_timeout=None,
+         seed=0, rng="portable", spec=None, placement=None, replica=None,
+         **describe_kwargs):
+    """The server's Plan for `model` (a PlanResponse): the arena's bytes
+    and which of its devices it fits on now. Nothing is allocated.
+
+    server, tls, token, connect_timeout: as for Client (left out: the
+    MATERIALIZER_* variables); or client: a materializer.Client.
+    spec: an already described Spec (else describe(model, seed, rng, ...)).
+    placement: a device ("cuda:0"), a kind ("cuda") or "auto" (default).
+    """
+    if spec is None:
+        spec = describe(model, seed=seed, rng=rng, **describe_kwargs)
+    client, own_client = _client_for(server, client, tls, token, connect_timeout,
+                                      session=False)
+    try:
+        return client.plan(spec.to_proto(), placement=placement, replica=replica)
+    finally:
+        if own_client:
+            client.close()
+
+
+@_user_call("materialize")
+def materialize(model, server=None, *, client=None, tls=None, token=None,
+                connect_timeout=None, device="cpu", seed=0,
                 rng="portable", spec=None, transport="auto", placement=None,
                 keep_handle=False, progress=None, verify=True, streams=STREAMS,
                 part_bytes=PART_BYTES, label="", **describe_kwargs):
     """Initializes every meta tensor of `model` in place, through the
     server, and returns a Materialized.
 
-    server: address ("host:port"); or client: a materializer.Client.
+    server: address ("host:port", or replicas); tls (a materializer.TLS, or
+      True for the system's roots), token (a bearer token, over TLS),
+      connect_timeout (seconds to wait for a connection): as for Client,
+      which reads the MATERIALIZER_* variables for what is left out. Or
+      client: a materializer.Client.
     device: where the weights go ("cpu", "cuda:0", ...).
     seed, rng ("portable" or "torch"), and the other keywords: describe().
       Or spec: an already described Spec.
@@ -151,9 +210,7 @@ def materialize(model, server=None, *, client=None, device="cpu", seed=0,
     t_describe = time.perf_counter()
     targets = Targets(model, spec)
     device = torch.device(device)
-    own_client = client is None
-    if own_client:
-        client = Client(server)
+    client, own_client = _client_for(server, client, tls, token, connect_timeout)
     try:
         mode, where, replica = _choose(client, transport, device, placement)
         # Streamed CPU weights land in new tensors whose pages are mapped on

@@ -7,6 +7,7 @@ address on first use: the client's one server, or each replica of a set
 
 import os
 import threading
+import time
 
 import grpc
 
@@ -18,6 +19,11 @@ KEEPALIVE_MS = 10_000
 # 4 MiB; fetch chunks are below 4 MiB by contract.
 MAX_RECEIVE_BYTES = 256 << 20
 CLIENT_KEY = "x-materializer-client"
+# Reconnect backoff: gRPC's default starts at 1 s and grows 1.6 times per
+# attempt, so a server that comes up a moment after a refused attempt could
+# be found only after the connect timeout (3 s); attempts at most a second
+# apart find it within about a second.
+RECONNECT_BACKOFF_MS = (200, 1_000)
 
 
 def _read(value):
@@ -26,6 +32,13 @@ def _read(value):
         return value
     with open(os.fspath(value), "rb") as f:
         return f.read()
+
+
+def _path(value):
+    """The file path an argument of TLS names, or "" for PEM bytes."""
+    if value is None or isinstance(value, (bytes, bytearray)):
+        return ""
+    return os.fspath(value)
 
 
 class TLS:
@@ -46,6 +59,9 @@ class TLS:
         self.certificate_chain = _read(certificate_chain)
         self.private_key = _read(private_key)
         self.server_name = server_name
+        # The files, for messages ("" when given as bytes or not given).
+        self.root_certificates_file = _path(root_certificates)
+        self.certificate_chain_file = _path(certificate_chain)
 
     def credentials(self):
         return grpc.ssl_channel_credentials(
@@ -64,16 +80,24 @@ class Connection:
     Thread-safe.
     """
 
-    def __init__(self, tls=None, token=None, client_name=None, options=()):
+    def __init__(self, tls=None, token=None, client_name=None, options=(),
+                 token_source="token="):
         if token is not None and tls is None:
-            raise ValueError("a bearer token needs TLS (pass tls=TLS(...)); "
-                             "the server refuses tokens in the clear")
+            raise ValueError(f"the token from {token_source} needs TLS (pass tls=TLS(...), "
+                             "or set MATERIALIZER_TLS_CA); the server refuses tokens in "
+                             "the clear")
+        if token is not None and (not token or any(c <= " " or c > "~" for c in token)):
+            # It travels as an HTTP/2 header value; anything else would fail
+            # every call with an opaque error.
+            raise ValueError(f"the token from {token_source} is empty, or contains a space "
+                             "or a character outside printable ASCII; a token is one word")
         if client_name is not None and tls is not None:
             raise ValueError("client_name is the development-mode identity; "
                              "with TLS the identity comes from the certificate "
                              "or the token")
         self.tls = tls
         self.token = token
+        self.token_source = token_source if token is not None else ""
         self.client_name = client_name
         self._options = [
             ("grpc.keepalive_time_ms", KEEPALIVE_MS),
@@ -82,6 +106,8 @@ class Connection:
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             ("grpc.max_send_message_length", -1),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
             *options,
         ]
         if tls is not None and tls.server_name:
@@ -118,6 +144,14 @@ class Connection:
                 creds, grpc.access_token_call_credentials(self.token))
         return grpc.secure_channel(target, creds, options=options)
 
+    def wait_for_connection(self, channel, timeout, failure_seen=False):
+        """Waits up to `timeout` seconds for `channel` to connect, or for a
+        connection attempt to fail, starting one when it has none. Returns
+        READY, TRANSIENT_FAILURE, or None when neither happened in time.
+        failure_seen: the channel's current failure was returned already:
+        wait for it to connect, or for a later attempt to fail."""
+        return _wait_for_connection(channel, timeout, failure_seen)
+
     def metadata(self, extra=()):
         md = list(extra)
         if self.client_name is not None:
@@ -129,3 +163,41 @@ class Connection:
             channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
             ch.close()
+
+
+# The states of a channel, by the number gRPC's core gives them.
+_STATES = {state.value[0]: state for state in grpc.ChannelConnectivity}
+
+
+def _wait_for_connection(channel, timeout, failure_seen):
+    """See Connection.wait_for_connection.
+
+    It asks gRPC's core channel (`channel._channel`) for the state, in the
+    caller's thread: the public API reports states only to subscribers,
+    through a polling thread that can outlive the channel's close (and
+    then dies with a "Channel closed!" traceback)."""
+    ready = grpc.ChannelConnectivity.READY
+    failure = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+    core = getattr(channel, "_channel", None)
+    if core is None or not hasattr(core, "watch_connectivity_state"):
+        # Not a channel of grpcio's own kind: readiness is all it tells.
+        try:
+            grpc.channel_ready_future(channel).result(timeout=max(timeout, 0.0))
+            return ready
+        except grpc.FutureTimeoutError:
+            return None
+    end = time.monotonic() + max(timeout, 0.0)
+    raw = core.check_connectivity_state(True)  # True: connect when idle
+    while True:
+        state = _STATES.get(raw)
+        if state is ready:
+            return ready
+        if state is failure and not failure_seen:
+            return failure
+        if state is not failure:
+            failure_seen = False  # a new attempt: its failure is news
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        core.watch_connectivity_state(raw, time.time() + min(left, 0.5))
+        raw = core.check_connectivity_state(True)

@@ -2,7 +2,6 @@
 errors that carry the gRPC status and the server's message."""
 
 import logging
-import os
 import random
 import threading
 import time
@@ -10,8 +9,8 @@ import time
 import grpc
 
 from materializer._proto import pb
-from materializer.client import wire
-from materializer.client.channel import Connection
+from materializer.client import env, hints, wire
+from materializer.client.channel import TLS, Connection
 from materializer.client.direct import DirectFetch
 from materializer.client.replicas import DISCOVERY_TIMEOUT_S, ReplicaSet
 from materializer.client.session import Session
@@ -20,7 +19,15 @@ from materializer.errors import RpcError
 from materializer.v1 import materializer_pb2_grpc as pb_grpc
 
 log = logging.getLogger("materializer")
-DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_ADDRESS = env.DEFAULT_SERVER
+# A call that does not wait for a connection asks gRPC why there is none;
+# it is given this long.
+_PROBE_S = 1.0
+_PROBE_MIN_S = 0.1
+# Connection failures worth waiting out (within the connect timeout): no
+# answer at all, or one not understood. The others (TLS on one side only,
+# a certificate refused) are the same on every attempt.
+_WAITED_REASONS = ("down", "")
 _FETCH_METHOD = "/materializer.v1.Materializer/FetchWeights"
 # Transient failures worth another try for a call that can be repeated.
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE,)
@@ -103,13 +110,22 @@ class HandleList(list):
 class Client:
     """A connection to materializerd with a session.
 
-    address: "host:port" (default: $MATERIALIZER_ADDRESS, else
+    address: "host:port" (default: $MATERIALIZER_SERVER, else
       127.0.0.1:50051); or several replicas: "host:port,host:port,..." or a
       name with several addresses (a headless Service). Each call then goes
       to the replica its handle id names, Materialize and Plan to the one
       with the most room (docs/api.md, "Several replicas").
     discovery_deadline: seconds for GetServerInfo at each replica's address.
-    tls, token, client_name: identity (see Connection).
+    tls, token, client_name: identity (see Connection); tls=True is TLS
+      trusting the system's roots. Left out, they come from matctl's
+      variables (client/env.py): MATERIALIZER_TLS, MATERIALIZER_TLS_CA,
+      MATERIALIZER_TLS_CERT, MATERIALIZER_TLS_KEY,
+      MATERIALIZER_TLS_SERVER_NAME, MATERIALIZER_TOKEN or
+      MATERIALIZER_TOKEN_FILE, MATERIALIZER_CLIENT; an identity given here
+      is never mixed with one from there.
+    connect_timeout: seconds a call waits for a connection to the server
+      (default: $MATERIALIZER_CONNECT_TIMEOUT, else 3); then it fails with
+      an RpcError that says why there is none and what to check (`hint`).
     deadline: seconds for each call (Materialize: materialize_deadline);
       a call that takes longer fails with DEADLINE_EXCEEDED.
     retries: how often an idempotent call (Plan, Describe, DescribeFile,
@@ -129,18 +145,22 @@ class Client:
     """
 
     def __init__(self, address=None, *, tls=None, token=None, client_name=None,
-                 deadline=60.0, materialize_deadline=3600.0, retries=4,
-                 session=True, options=(), discovery_deadline=DISCOVERY_TIMEOUT_S,
-                 direct_fetch=True):
-        self.address = address or os.environ.get("MATERIALIZER_ADDRESS",
-                                                  DEFAULT_ADDRESS)
+                 connect_timeout=None, deadline=60.0, materialize_deadline=3600.0,
+                 retries=4, session=True, options=(),
+                 discovery_deadline=DISCOVERY_TIMEOUT_S, direct_fetch=True):
+        self.address = address or env.server()
+        self.connect_timeout = (env.connect_timeout() if connect_timeout is None
+                                else float(connect_timeout))
+        if not self.connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be above 0 seconds, not {connect_timeout}")
         self.deadline = deadline
         self.materialize_deadline = materialize_deadline
         self.retries = retries
         self.use_direct_fetch = direct_fetch
         self._use_session = session
+        tls, token, token_source, client_name = _identity(tls, token, client_name)
         self._conn = Connection(tls=tls, token=token, client_name=client_name,
-                                options=options)
+                                options=options, token_source=token_source)
         self._lock = threading.Lock()
         self._stubs = {}      # replica.key -> stub; guarded by _lock
         self._fetchers = {}   # (replica.key, lane) -> raw FetchWeights callable
@@ -211,7 +231,11 @@ class Client:
     # -- one call ------------------------------------------------------------
     def _call(self, method, request, *, handle=None, placement=None, replica=None,
               idempotent=True, timeout=None, with_session=False):
-        routes = self._target(method, handle=handle, placement=placement, replica=replica)
+        try:
+            routes = self._target(method, handle=handle, placement=placement,
+                                  replica=replica)
+        except RpcError as e:
+            raise self._hinted(e) from None
         # Several routes only for an id that names no replica: the first
         # replica that knows it answers.
         for i, route in enumerate(routes):
@@ -220,37 +244,112 @@ class Client:
                                      timeout=timeout, with_session=with_session)
             except RpcError as e:
                 if i + 1 == len(routes) or e.code not in _TRY_NEXT_CODES:
-                    raise
+                    raise self._hinted(e) from None
 
     def _call_on(self, replica, method, request, *, idempotent, timeout, with_session):
+        timeout = self.deadline if timeout is None else timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        # One server: a call waits up to the connect timeout for it (to come
+        # up, or back), then fails saying why there is no connection. Among
+        # replicas, one that is down fails at once, so that its handles'
+        # calls say so while the others keep serving.
+        single = not self.has_replicas()
+        if single:
+            self._connect(replica, method, min(start + self.connect_timeout, deadline),
+                          deadline)
         extra = ()
         if with_session:
             s = self._session_on(replica)
             if s is not None:
                 extra = s.metadata()
         md = self._conn.metadata(extra)
-        timeout = self.deadline if timeout is None else timeout
-        deadline = time.monotonic() + timeout
         fn = getattr(self._stub(replica), method)
-        # One server: a call waits (within its deadline) for it to come up.
-        # Among replicas, one that is down fails fast, so that its handles'
-        # calls say so while the others keep serving.
-        wait_for_ready = not self.has_replicas()
         attempt = 0
         while True:
             left = deadline - time.monotonic()
             try:
                 return _wait(fn.future(request, metadata=md, timeout=max(left, 0.001),
-                                       wait_for_ready=wait_for_ready))
+                                       wait_for_ready=False))
             except grpc.RpcError as e:
                 code = e.code()
                 if (idempotent and code in _RETRY_CODES and attempt < self.retries
                         and time.monotonic() < deadline):
                     time.sleep(min(0.1 * 2 ** attempt, 2.0) * (0.5 + random.random()))
                     attempt += 1
+                    if single:  # the server went away: wait for it as for the first
+                        self._connect(replica, method,
+                                      min(time.monotonic() + self.connect_timeout, deadline),
+                                      deadline)
                     continue
                 raise self._replicas.explain(
                     replica, RpcError(method, code, e.details() or "", replica.address)) from None
+
+    def _connect(self, replica, method, connect_by, deadline):
+        """Returns once the channel to `replica` is connected. Else raises
+        the RpcError (with its reason and hint) of a call that does not wait
+        for a connection, which says why there is none: at once when the
+        server answered in a way no retry changes (TLS on one side only, a
+        certificate refused), after waiting until `connect_by` when nobody
+        answered (the server may be starting)."""
+        channel = self._conn.channel(replica.address, tls_name=replica.tls_name)
+        failure_seen = False
+        while True:
+            state = self._conn.wait_for_connection(channel, connect_by - time.monotonic(),
+                                                   failure_seen)
+            if state is grpc.ChannelConnectivity.READY:
+                return
+            failure_seen = state is not None
+            error = self._why_not_connected(replica, method, deadline)
+            if error is None:
+                return  # connected after all
+            waited_out = state is None or time.monotonic() >= connect_by
+            if error.reason not in _WAITED_REASONS:
+                raise error
+            if waited_out:
+                if connect_by >= deadline:  # the call's deadline ended the wait
+                    error.code = grpc.StatusCode.DEADLINE_EXCEEDED
+                    error.message = f"no connection before the call's deadline: {error.message}"
+                raise error
+
+    def _why_not_connected(self, replica, method, deadline):
+        """The RpcError of one call that does not wait for a connection (it
+        fails at once, with gRPC's reason for the last failed attempt), or
+        None when the server answered it."""
+        probe = self._stub(replica).GetServerInfo
+        # Past the call's deadline too: gRPC's reason takes a moment.
+        timeout = max(min(_PROBE_S, deadline - time.monotonic()), _PROBE_MIN_S)
+        try:
+            probe(pb.GetServerInfoRequest(), metadata=self._conn.metadata(), timeout=timeout,
+                  wait_for_ready=False)
+            return None
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details() or ""
+        if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return None  # the server answered (refusing the probe): the call says more
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            code = grpc.StatusCode.UNAVAILABLE
+            details = (f"no connection within the connect timeout, nor an answer within "
+                       f"{timeout:g} s more ({details})")
+        return self._hinted(RpcError(method, code, details, replica.address), connecting=True)
+
+    def _hinted(self, error, connecting=False):
+        """`error` with the reason and hint for its failure, when it is one
+        matctl has a hint for (a connection that failed, credentials
+        refused, a replica that does not answer)."""
+        if error.reason:
+            return error
+        tls = self._conn.tls
+        error.reason = hints.classify(
+            error.code, error.message, tls=tls is not None,
+            cert=tls is not None and tls.certificate_chain is not None,
+            token=self._conn.token is not None, connecting=connecting)
+        error.hint = hints.hint(
+            error.reason, error.target or self.address, hints.API,
+            ca=tls.root_certificates_file if tls is not None else "",
+            cert=tls.certificate_chain_file if tls is not None else "",
+            token_source=self._conn.token_source)
+        return error
 
     def _on_every_replica(self, method, request, timeout):
         """[ReplicaResult]: `method` on the one server, or on every replica
@@ -334,7 +433,7 @@ class Client:
         answered = [e for e in each if e.error is None]
         failed = [e for e in each if e.error is not None]
         if not answered:
-            raise failed[0].error
+            raise self._hinted(failed[0].error)
         handles = [h for e in answered for h in e.result.handles]
         handles.sort(key=lambda h: (h.created_at.seconds, h.created_at.nanos, h.handle))
         for e in failed:
@@ -391,7 +490,7 @@ class Client:
                   for r in self._target("FetchWeights", handle=handle)]
         return FetchStream(routes, handle, offset, fields, self._conn.metadata(), timeout,
                            self.retries, wait_for_ready=not self.has_replicas(),
-                           explain=self._replicas.explain)
+                           explain=lambda r, e: self._hinted(self._replicas.explain(r, e)))
 
     def direct_fetch(self, handle, *, offset=0, **fields):
         """A DirectFetch (client/direct.py) of the same FetchWeights call,
@@ -436,6 +535,18 @@ class Client:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _identity(tls, token, client_name):
+    """(tls, token, where the token came from, client_name): the identity
+    given, or, when none is, the one of the environment (env.py)."""
+    if tls is True:
+        tls = TLS()
+    if tls is not None or token is not None or client_name is not None:
+        return tls, token, "token=" if token is not None else "", client_name
+    tls = env.tls()
+    token, source = env.token()
+    return tls, token, source, env.client_name() if tls is None else None
 
 
 def _wait(future):
