@@ -15,6 +15,7 @@ import collections
 import json
 import os
 
+from materializer._optional import require
 from materializer.capture import Spec, TensorDesc
 from materializer.capture.walk import walk
 
@@ -48,7 +49,7 @@ def load_input(path, auto_class=None, dtype=None):
 
 def hf_model(config_dict, auto_class=None, dtype=None):
     import torch
-    import transformers
+    transformers = require("transformers", "a Hugging Face config")
     config = transformers.AutoConfig.for_model(**config_dict)
     cls = None
     if auto_class:

@@ -16,6 +16,7 @@ a model twice, or describing then loading it, sees the same model.
 import contextlib
 import sys
 
+from materializer._optional import require
 from materializer.capture import InitHook, meta_device
 
 _FLAG = "_is_hf_initialized"
@@ -84,7 +85,7 @@ def from_config(config, auto_class="AutoModel", record_constructor=True, **kwarg
     (default) it is built under materializer.meta_device(), so values
     constructors write are kept."""
     import torch
-    import transformers
+    transformers = require("transformers", "materializer.hf")
     cls = getattr(transformers, auto_class) if isinstance(auto_class, str) else auto_class
     build = getattr(cls, "from_config", None) or getattr(cls, "_from_config", None) or cls
     ctx = meta_device() if record_constructor else torch.device("meta")
