@@ -63,10 +63,15 @@ def protobuf_requirement():
     return f"protobuf>={major}.{minor},<{major + 1}"
 
 
+# The torch the tests cover: the project venv's (requirements.txt pins
+# torch==2.11.0, whose LibTorch the server links). A looser bound lets pip
+# pick a newer torch (and its CUDA wheels, gigabytes) that nothing tested.
+TORCH_REQUIREMENT = "torch>=2.11,<2.12"
+
 setup(
     cmdclass={"build_py": BuildWithProtos},
     install_requires=[
-        "torch>=2.4",
+        TORCH_REQUIREMENT,
         "grpcio>=1.62",
         protobuf_requirement(),
         "numpy",

@@ -2,13 +2,16 @@
 the README's "From a trainer" example runs against a server.
 
 The venv sees the project venv's packages through a .pth file (torch is
-not downloaded again); `pip install` builds the package from a copy of
-python/ and proto/ (the generated code comes from proto/ at build time)
-with build isolation, which fetches setuptools and grpcio-tools from PyPI
-(pip's cache makes that quick). Without network access to PyPI the build
-falls back to the tools the project venv already has (said in the output).
+not downloaded again: the package asks for the torch minor the tests
+cover, which the project venv's torch is); `pip install` builds the
+package from a copy of python/ and proto/ (the generated code comes from
+proto/ at build time) with build isolation, which fetches setuptools and
+grpcio-tools from PyPI (pip's cache makes that quick). Without network
+access to PyPI the build falls back to the tools the project venv already
+has (said in the output).
 """
 
+import json
 import os
 import re
 import shutil
@@ -58,9 +61,37 @@ def venv(tmp_path_factory):
 
 def clean_env():
     env = dict(os.environ)
-    for key in ("PYTHONPATH", "MATERIALIZER_PY_PROTO", "MATERIALIZER_ADDRESS"):
-        env.pop(key, None)
+    for key in list(env):
+        if key == "PYTHONPATH" or key.startswith("MATERIALIZER_"):
+            env.pop(key)
     return env
+
+
+def test_the_torch_requirement_is_the_tested_range(venv, tmp_path):
+    """The installed package asks for the torch minor the tests run
+    (requirements.txt's pin), and pip kept the project venv's torch
+    instead of fetching another."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    check = ("import importlib.metadata as m, json, torch\n"
+             "print(json.dumps([m.requires('materializer'), torch.__version__, torch.__file__]))\n")
+    out = subprocess.run([str(venv), "-c", check], capture_output=True, text=True, cwd=tmp_path,
+                         env=clean_env(), timeout=300)
+    assert out.returncode == 0, out.stderr
+    requires, version, location = json.loads(out.stdout)
+    torch_req = [Requirement(r) for r in requires if Requirement(r).name == "torch"]
+    assert len(torch_req) == 1, requires
+    spec = torch_req[0].specifier
+    pinned = re.search(r"^torch==(\S+)$",
+                       open(os.path.join(REPO, "requirements.txt"), encoding="utf-8").read(),
+                       re.M).group(1)
+    tested = Version(pinned)
+    assert spec.contains(tested), (str(spec), pinned)
+    # Exactly that minor: no older torch, no newer one that nothing tested.
+    assert not spec.contains(f"{tested.major}.{tested.minor + 1}.0"), str(spec)
+    assert not spec.contains(f"{tested.major}.{tested.minor - 1}.0"), str(spec)
+    assert Version(version).base_version == pinned
+    assert not location.startswith(str(venv.parent.parent))  # the project venv's copy
 
 
 def test_the_installed_package_carries_code_generated_from_the_proto(venv, tmp_path):
