@@ -417,6 +417,17 @@ absl::StatusOr<v1::PlanResponse> Client::Plan(const v1::PlanRequest& request) {
       });
 }
 
+absl::StatusOr<v1::CheckpointContents> Client::InspectCheckpoint(
+    const v1::InspectCheckpointRequest& request) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,
+                   replicas_->ForPlacement(v1::Placement()));
+  return CallOn<v1::CheckpointContents>(
+      *replica, [&](v1::Materializer::Stub& stub, grpc::ClientContext* context,
+                    v1::CheckpointContents* response) {
+        return stub.InspectCheckpoint(context, request, response);
+      });
+}
+
 absl::StatusOr<v1::MaterializeResponse> Client::Materialize(
     const v1::MaterializeRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,

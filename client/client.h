@@ -143,6 +143,9 @@ class Client {
   // that replica has gone: NOT_FOUND if every other replica answered
   // discovery, UNAVAILABLE if it may just be unreachable; both name it.
   absl::StatusOr<v1::HandleInfo> Describe(absl::string_view handle);
+  // A checkpoint under the server's roots (the replica Plan would use).
+  absl::StatusOr<v1::CheckpointContents> InspectCheckpoint(
+      const v1::InspectCheckpointRequest& request);
   // `force` releases an exported handle too (ReleaseRequest.force).
   absl::StatusOr<v1::ReleaseResponse> Release(absl::string_view handle,
                                               bool force = false);

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
@@ -125,6 +126,9 @@ absl::Status RunMaterialize(Invocation& invocation) {
   // the default.
   if (flags.Has("async")) request.set_async(flags.Bool("async"));
   if (flags.Has("label")) request.set_label(flags.String("label"));
+  if (flags.Has("checkpoint")) {
+    request.mutable_checkpoint()->set_path(flags.String("checkpoint"));
+  }
   if (flags.Has("ttl")) {
     const absl::Duration ttl = flags.Duration("ttl", absl::ZeroDuration());
     const int64_t seconds = absl::ToInt64Seconds(ttl);
@@ -139,6 +143,53 @@ absl::Status RunMaterialize(Invocation& invocation) {
   } else {
     PrintMaterialized(invocation.out(), response);
   }
+  return absl::OkStatus();
+}
+
+// Files and tensors of a checkpoint under the server's roots: the first 20
+// tensors unless --all.
+absl::Status RunInspect(Invocation& invocation) {
+  v1::InspectCheckpointRequest request;
+  request.set_path(invocation.arg(0));
+  request.set_digest(invocation.flags().Bool("digest"));
+  ASSIGN_OR_RETURN(const v1::CheckpointContents contents,
+                   invocation.client().InspectCheckpoint(request));
+  std::ostream& out = invocation.out();
+  if (invocation.json()) {
+    PrintJson(out, contents);
+    return absl::OkStatus();
+  }
+  Table files({"FILE", "FORMAT", "BYTES", "DIGEST"});
+  files.SetAlign(2, Table::Align::kRight);
+  for (const v1::CheckpointFile& f : contents.files()) {
+    files.AddRow({f.path(), f.format(), FormatBytes(f.bytes()),
+                  f.digest().empty() ? "-" : f.digest()});
+  }
+  out << files.Render() << "\n";
+  Table tensors({"KEY", "DTYPE", "SHAPE", "BYTES", "FILE", "OFFSET"});
+  tensors.SetAlign(3, Table::Align::kRight);
+  tensors.SetAlign(5, Table::Align::kRight);
+  const bool all = invocation.flags().Bool("all");
+  constexpr int kShown = 20;
+  int shown = 0;
+  for (const v1::CheckpointEntryInfo& t : contents.tensors()) {
+    if (!all && shown == kShown) break;
+    ++shown;
+    const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    tensors.AddRow({t.key(), t.dtype(), FormatShape(shape),
+                    FormatBytes(t.nbytes()), absl::StrCat(t.file()),
+                    absl::StrCat(t.offset())});
+  }
+  out << tensors.Render();
+  if (shown < contents.tensors_size()) {
+    out << "... " << contents.tensors_size() - shown
+        << " more (--all lists every tensor)\n";
+  }
+  out << contents.tensors_size()
+      << (contents.tensors_size() == 1 ? " tensor, " : " tensors, ")
+      << FormatBytes(contents.tensor_bytes()) << " in "
+      << contents.files_size() << (contents.files_size() == 1 ? " file" : " files")
+      << "\n";
   return absl::OkStatus();
 }
 

@@ -80,6 +80,7 @@ class Invocation {
 // The commands (cmd_*.cc).
 absl::Status RunPlan(Invocation& invocation);
 absl::Status RunMaterialize(Invocation& invocation);
+absl::Status RunInspect(Invocation& invocation);
 absl::Status RunSession(Invocation& invocation);
 absl::Status RunDescribe(Invocation& invocation);
 absl::Status RunRelease(Invocation& invocation);

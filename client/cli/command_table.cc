@@ -27,8 +27,17 @@ const std::vector<Command>& Commands() {
        "until released or unused for its ttl. With several replicas it goes "
        "to the one with the most free memory on the requested device kind, "
        "and its id names that replica.",
-       {"async", "label", "ttl"},
+       {"async", "label", "ttl", "checkpoint"},
        RunMaterialize},
+      {"inspect",
+       {"PATH"},
+       "list a checkpoint's tensors (a path under the server's roots)",
+       "The files and tensors (key, dtype, shape, bytes, file, offset) of "
+       "the checkpoint at ROOT/relative/path as the server reads it for "
+       "materialize --checkpoint, without reading the tensors' bytes; "
+       "--digest adds each file's XXH3-128.",
+       {"digest", "all"},
+       RunInspect},
       {"session",
        {"FILE.json"},
        "materialize in a session and hold it until Ctrl-C or end of input",

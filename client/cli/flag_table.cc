@@ -56,6 +56,11 @@ const std::vector<FlagSpec>& FlagTable() {
       {"async", FlagType::kBool, "",
        "return once the memory is reserved (poll describe for READY)"},
       {"label", FlagType::kString, "TEXT", "a free-text label for the handle"},
+      {"checkpoint", FlagType::kString, "ROOT/PATH",
+       "fill the tensors a checkpoint under the server's --checkpoint_roots "
+       "holds from it (the others from their inits)"},
+      {"digest", FlagType::kBool, "",
+       "also each file's XXH3-128 (reads every byte)"},
       {"ttl", FlagType::kDuration, "DURATION",
        "lease of the handle: released when unused this long", "server's, 1h"},
       {"force", FlagType::kBool, "", "release even while exported"},

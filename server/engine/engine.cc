@@ -1,5 +1,6 @@
 #include "server/engine/engine.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "server/common/log.h"
 #include "server/common/status_macros.h"
 #include "server/common/units.h"
+#include "server/delivery/digest.h"
 #include "server/delivery/safetensors.h"
 #include "server/init/apply.h"
 #include "server/load/checkpoint_load.h"
@@ -613,6 +615,59 @@ absl::StatusOr<v1::RenewResponse> Engine::Renew(
     *response.mutable_lease_expires_at() = ToProto(handle->lease_expiry());
   }
   return response;
+}
+
+absl::StatusOr<v1::CheckpointContents> Engine::InspectCheckpoint(
+    const Caller& caller, const v1::InspectCheckpointRequest& request,
+    const Cancelled& cancelled) const {
+  if (options_.checkpoint_opener == nullptr ||
+      options_.checkpoint_cache == nullptr) {
+    return absl::FailedPreconditionError(
+        "path: this server reads no checkpoints (start it with "
+        "--checkpoint_roots)");
+  }
+  if (request.path().empty()) {
+    return absl::InvalidArgumentError("path: empty; name ROOT/relative/path");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const load::Checkpoint> ckpt,
+                   options_.checkpoint_opener->Open(request.path(),
+                                                    caller.identity));
+  v1::CheckpointContents out;
+  out.set_path(ckpt->path);
+  constexpr uint64_t kPiece = uint64_t{4} << 20;
+  std::string buffer;
+  for (size_t f = 0; f < ckpt->files.size(); ++f) {
+    const load::FileSource& file = *ckpt->files[f];
+    v1::CheckpointFile* info = out.add_files();
+    info->set_path(file.label());
+    info->set_bytes(file.key().size);
+    info->set_format(ckpt->formats[f]);
+    if (!request.digest()) continue;
+    delivery::Hasher hasher;
+    load::RangeCache::Counters counters;
+    for (uint64_t at = 0; at < file.key().size; at += kPiece) {
+      RETURN_IF_ERROR(CheckCancelled(cancelled));
+      const uint64_t length = std::min(kPiece, file.key().size - at);
+      buffer.resize(length);
+      RETURN_IF_ERROR(options_.checkpoint_cache->Read(file, at, length,
+                                                      buffer.data(), &counters));
+      hasher.Update(buffer.data(), length);
+    }
+    info->set_digest(delivery::FormatDigest(hasher.Finish()));
+  }
+  uint64_t total = 0;
+  for (const load::CheckpointEntry& e : ckpt->entries) {
+    v1::CheckpointEntryInfo* t = out.add_tensors();
+    t->set_key(e.key);
+    t->set_dtype(spec::Name(e.dtype));
+    t->mutable_shape()->Add(e.shape.begin(), e.shape.end());
+    t->set_nbytes(e.nbytes);
+    t->set_file(static_cast<uint32_t>(e.file));
+    t->set_offset(e.offset);
+    total += e.nbytes;
+  }
+  out.set_tensor_bytes(total);
+  return out;
 }
 
 v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {

@@ -135,6 +135,14 @@ class Engine {
 
   v1::ListHandlesResponse ListHandles(const Caller& caller) const;
 
+  // MaterializeRequest.checkpoint's view of a checkpoint (its files and
+  // tensors), with each file's digest when asked (read through the
+  // checkpoint cache). FAILED_PRECONDITION on a server without roots; the
+  // opener's statuses for the path.
+  absl::StatusOr<v1::CheckpointContents> InspectCheckpoint(
+      const Caller& caller, const v1::InspectCheckpointRequest& request,
+      const Cancelled& cancelled) const;
+
   v1::GetStatsResponse GetStats(const Caller& caller) const;
 
  private:

@@ -86,6 +86,8 @@ absl::Status AddFile(OpenedFile opened, Format format, Checkpoint* ckpt) {
     ckpt->entries.push_back(std::move(entry));
   }
   ckpt->files.push_back(std::move(source));
+  ckpt->formats.push_back(format == Format::kSafetensors ? "safetensors"
+                                                         : "torch");
   return absl::OkStatus();
 }
 

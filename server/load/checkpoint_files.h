@@ -44,6 +44,8 @@ struct Checkpoint {
   // As the request named it ("ROOT/relative/path").
   std::string path;
   std::vector<std::unique_ptr<FileSource>> files;
+  // Per file: "safetensors" or "torch".
+  std::vector<std::string> formats;
   std::vector<CheckpointEntry> entries;
   absl::flat_hash_map<std::string, int> entry_of_key;
 };

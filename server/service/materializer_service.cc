@@ -245,4 +245,15 @@ grpc::ServerUnaryReactor* MaterializerService::GetServerInfo(
       });
 }
 
+grpc::ServerUnaryReactor* MaterializerService::InspectCheckpoint(
+    grpc::CallbackServerContext* context, const Raw* request, Raw* response) {
+  return Unary<v1::InspectCheckpointRequest>(
+      "InspectCheckpoint", context, request, response,
+      [this](const engine::Caller& caller,
+             const v1::InspectCheckpointRequest& r,
+             const Cancelled& cancelled) {
+        return engine_->InspectCheckpoint(caller, r, cancelled);
+      });
+}
+
 }  // namespace materializer::service

@@ -60,7 +60,8 @@ using RawMaterializerService = internal::Layers<
     v1::Materializer::WithRawCallbackMethod_Renew,
     v1::Materializer::WithRawCallbackMethod_ExportHandle,
     v1::Materializer::WithRawCallbackMethod_CloseExport,
-    v1::Materializer::WithRawCallbackMethod_GetServerInfo>::type;
+    v1::Materializer::WithRawCallbackMethod_GetServerInfo,
+    v1::Materializer::WithRawCallbackMethod_InspectCheckpoint>::type;
 
 // Thread-safe. The engine, worker pool, authenticator, sessions and
 // metrics must outlive the gRPC server that serves this service. Every
@@ -106,6 +107,8 @@ class MaterializerService final : public RawMaterializerService {
                  Raw* response) override;
   Reactor* GetServerInfo(grpc::CallbackServerContext* context,
                          const Raw* request, Raw* response) override;
+  Reactor* InspectCheckpoint(grpc::CallbackServerContext* context,
+                             const Raw* request, Raw* response) override;
 
  private:
   // Authenticates, then queues on the worker pool: parse the request as

@@ -279,3 +279,40 @@ def test_a_server_without_roots_says_so():
             srv, spec_of(tiny_gpt2()), {"path": "models/gpt2"}))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "--checkpoint_roots" in err.details()
+
+
+def test_matctl_inspect_and_materialize_with_a_checkpoint(server, root, tmp_path):
+    from materializer import digest
+    from test_matctl_identity import matctl
+    folder = root / "models" / "gpt2-sharded"
+    files = sorted(p.name for p in folder.glob("*.safetensors"))
+    assert len(files) > 1
+    r = matctl(f"--server={server.address}", f"--client={CLIENT}", "--output=json",
+               "inspect", "models/gpt2-sharded", "--digest")
+    assert r.returncode == 0, r.stderr
+    contents = json.loads(r.stdout)
+    assert [f["path"] for f in contents["files"]] == [f"models/gpt2-sharded/{n}" for n in files]
+    for f, name in zip(contents["files"], files):
+        assert f["digest"] == digest.of_bytes((folder / name).read_bytes())
+        assert int(f["bytes"]) == (folder / name).stat().st_size
+    want = transformers.GPT2LMHeadModel.from_pretrained(folder).state_dict()
+    keys = {t["key"]: t for t in contents["tensors"]}
+    assert set(keys) == set(want) - {"lm_head.weight"}
+    wte = keys["transformer.wte.weight"]
+    assert wte["dtype"] == "float32" and [int(x) for x in wte["shape"]] == [100, 64]
+    table = matctl(f"--server={server.address}", f"--client={CLIENT}",
+                   "inspect", "models/gpt2-sharded")
+    assert table.returncode == 0 and "transformer.wte.weight" in table.stdout
+    assert f"{len(keys)} tensors" in table.stdout
+    # materialize FILE --checkpoint: the file's model, the checkpoint's bytes.
+    request = tmp_path / "gpt2.json"
+    request.write_text(json.dumps({"model": spec_of(tiny_gpt2())}))
+    made = matctl(f"--server={server.address}", f"--client={CLIENT}", "--output=json",
+                  "materialize", str(request), "--checkpoint", "models/gpt2-sharded")
+    assert made.returncode == 0, made.stderr
+    resp = json.loads(made.stdout)
+    assert resp["checkpoint"]["tensorsLoaded"] == len(keys)
+    server.release(resp["handle"], CLIENT)
+    missing = matctl(f"--server={server.address}", f"--client={CLIENT}",
+                     "inspect", "models/none")
+    assert missing.returncode != 0 and "models/none" in missing.stderr
