@@ -37,10 +37,11 @@ from materializer.client import TLS, Client  # noqa: E402
 from materializer.capture import (InitHook, Scheme, Spec, meta_device,  # noqa: E402
                                   schemes)
 from materializer.api import describe, materialize, plan  # noqa: E402
+from materializer.checkpoint import Checkpoint  # noqa: E402
 
 init = schemes  # materializer.init.normal(std=0.02) for overrides
 
 __version__ = "0.1.0"
-__all__ = ["CaptureError", "Client", "Error", "InitHook", "LoadError",
+__all__ = ["Checkpoint", "CaptureError", "Client", "Error", "InitHook", "LoadError",
            "RpcError", "Scheme", "Spec", "TLS", "describe", "init",
            "materialize", "meta_device", "plan", "schemes"]

@@ -15,6 +15,7 @@ import time
 import torch
 
 from materializer import capture
+from materializer.checkpoint import CheckpointReport, as_checkpoint
 from materializer.client import Client
 from materializer.errors import LoadError, RpcError, in_call
 from materializer.load import (Targets, check_loaded, copy_cuda_ipc, device_uuid,
@@ -53,7 +54,8 @@ class Materialized:
     `bytes`: tensor bytes delivered; `seconds`: per phase (describe,
     materialize: until the first part was ready, load: the rest, total);
     `spec`; `client` (keep it open while you keep a handle: the handle
-    lives in its session)."""
+    lives in its session); `checkpoint`: a CheckpointReport when a
+    checkpoint was named, else None."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -170,7 +172,7 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
                 connect_timeout=None, device="cpu", seed=0,
                 rng="portable", spec=None, transport="auto", placement=None,
                 keep_handle=False, progress=None, verify=True, streams=STREAMS,
-                part_bytes=PART_BYTES, label="", **describe_kwargs):
+                part_bytes=PART_BYTES, label="", checkpoint=None, **describe_kwargs):
     """Initializes every meta tensor of `model` in place, through the
     server, and returns a Materialized.
 
@@ -199,11 +201,18 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
       server holds at most two parts at once, and its init overlaps the
       transfer. The bytes are those of the whole model materialized at
       once. 0: one handle for the whole model.
+    checkpoint: "ROOT/relative/path" (or a materializer.Checkpoint) of a
+      checkpoint the server reads: each tensor it holds comes from it, the
+      others from the model's init; the result's `checkpoint` says what
+      was loaded, initialized and left unused (docs/checkpoints.md).
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
     if part_bytes < 0:
         raise ValueError(f"part_bytes must be >= 0 (0: one handle), not {part_bytes}")
+    source = as_checkpoint(checkpoint)
+    source_pb = source.to_proto() if source is not None else None
+    reports = []
     t0 = time.perf_counter()
     if spec is None:
         spec = describe(model, seed=seed, rng=rng, **describe_kwargs)
@@ -229,11 +238,14 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
                 handle = None
                 server_device, t_mat = _stream_parts(client, parts, where, targets, device,
                                                      label, progress, verify, streams,
-                                                     dests=early)
+                                                     dests=early, checkpoint=source_pb,
+                                                     reports=reports)
             else:
                 resp = client.materialize(spec.to_proto(), where, label=label,
-                                          exportable=(mode == "shm"), replica=replica)
+                                          exportable=(mode == "shm"), replica=replica,
+                                          checkpoint=source_pb)
                 handle, server_device = resp.handle, resp.device
+                reports.append(resp.checkpoint)
                 t_mat = time.perf_counter()
                 try:
                     mode = _load(client, handle, spec, targets, device, mode, transport,
@@ -255,6 +267,7 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
                             bytes=spec.nbytes, spec=spec,
                             client=None if (own_client and not keep_handle) else client,
                             device=server_device,
+                            checkpoint=CheckpointReport(reports) if source else None,
                             seconds={"describe": t_describe - t0,
                                      "materialize": t_mat - t_describe,
                                      "load": t_load - t_mat,
@@ -338,7 +351,7 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
 
 
 def _stream_parts(client, parts, where, targets, device, label, progress, verify, streams,
-                  dests=None):
+                  dests=None, checkpoint=None, reports=None):
     """The stream transport for a model in parts (Spec.split): while part k
     streams into the destinations, part k + 1 is materialized on a thread,
     and each part's handle is released as soon as its bytes are in. So the
@@ -351,17 +364,21 @@ def _stream_parts(client, parts, where, targets, device, label, progress, verify
     if dests is None:
         dests = _destinations(targets, device)
     bar = _progress(progress, sum(p.nbytes for p in parts), "materializer")
-    following = _MaterializePart(client, parts[0], where, _part_label(label, 0, len(parts)))
+    following = _MaterializePart(client, parts[0], where, _part_label(label, 0, len(parts)),
+                                 checkpoint)
     current = server_device = first_ready = None
     try:
         for k, part in enumerate(parts):
             resp = following.result()
             following, current = None, resp.handle
+            if reports is not None:
+                reports.append(resp.checkpoint)
             if first_ready is None:
                 server_device, first_ready = resp.device, time.perf_counter()
             if k + 1 < len(parts):
                 following = _MaterializePart(client, parts[k + 1], where,
-                                             _part_label(label, k + 1, len(parts)))
+                                             _part_label(label, k + 1, len(parts)),
+                                             checkpoint)
             load_stream(client, current, part, dests, device=device, progress=bar,
                         verify=verify, streams=streams)
             done, current = current, None
@@ -396,16 +413,18 @@ class _MaterializePart:
     """Materialize of one part on a daemon thread, so that a Ctrl-C lands
     in the caller waiting for it, never inside gRPC."""
 
-    def __init__(self, client, part, where, label):
+    def __init__(self, client, part, where, label, checkpoint=None):
         self._client = client
         self._model, self._where, self._label = part.to_proto(), where, label
+        self._checkpoint = checkpoint
         self._resp = self._error = None
         self._done = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="materializer-part").start()
 
     def _run(self):
         try:
-            self._resp = self._client.materialize(self._model, self._where, label=self._label)
+            self._resp = self._client.materialize(self._model, self._where, label=self._label,
+                                                  checkpoint=self._checkpoint)
         except BaseException as e:  # noqa: BLE001 - handed to result()
             self._error = e
         finally:

@@ -53,6 +53,7 @@ class Derived(nn.Module):
 
 def main():
     rank, world, port, address, mode, out = sys.argv[1:7]
+    checkpoint = sys.argv[7] if len(sys.argv) > 7 else None
     rank, world = int(rank), int(world)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -73,6 +74,17 @@ def main():
             placement = placements.get(full_name, Replicate())
             module.register_parameter(
                 name, nn.Parameter(distribute_tensor(p, mesh, [placement])))
+    elif mode == "checkpoint":
+        # Every placement at once: the embedding whole on each rank, up by
+        # rows, down by columns, the biases by rows.
+        placements = {"emb.weight": Replicate(), "up.weight": Shard(0),
+                      "down.weight": Shard(1), "up.bias": Shard(0),
+                      "down.bias": Shard(0)}
+        for full_name, p in list(model.named_parameters()):
+            owner, _, name = full_name.rpartition(".")
+            module = model.get_submodule(owner)
+            module.register_parameter(
+                name, nn.Parameter(distribute_tensor(p, mesh, [placements[full_name]])))
     elif mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
         fully_shard(model, mesh=mesh)                 # Shard(0) everywhere
@@ -89,13 +101,16 @@ def main():
     # The stream in parts of at most 16 bytes (each shard but the smallest
     # and the empty ones a part of its own): the bytes must not depend on it.
     result = mz.materialize(model, server=address, seed=77,
-                            transport="shm" if mode == "fsdp" else "stream", part_bytes=16)
+                            transport="shm" if mode == "fsdp" else "stream",
+                            part_bytes=0 if checkpoint else 16, checkpoint=checkpoint)
     saved = {}
     for name, p in model.named_parameters():
         box = result.spec[name].shard
         saved[name] = (box, p._local_tensor.detach().clone(), str(p.placements))
     saved["__transport__"] = result.transport
     saved["__parts__"] = result.parts
+    if result.checkpoint is not None:
+        saved["__read__"] = result.checkpoint.bytes_read_from_files
     if mode == "fsdp":
         with torch.no_grad():   # FSDP2 all-gathers the shards this rank loaded
             saved["__output__"] = model(torch.tensor([[1, 3, 5, 10]])).detach().clone()

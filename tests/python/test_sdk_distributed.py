@@ -24,11 +24,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(world, mode, address, tmp_path, transport_env=None):
+def run_ranks(world, mode, address, tmp_path, transport_env=None, checkpoint=None):
     port = str(free_port())
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
+    extra = [checkpoint] if checkpoint else []
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "sdk_rank.py"), str(r),
-                               str(world), port, address, mode, str(outs[r])],
+                               str(world), port, address, mode, str(outs[r]), *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
@@ -128,4 +129,41 @@ def test_a_partial_placement_is_refused_naming_the_tensor(server, one_rank_group
                                                           run_check=False))
     with pytest.raises(mz.CaptureError, match=r"up\.bias \(Linear\): placement Partial"):
         mz.materialize(model, server=server.address)
+    server.assert_idle()
+
+
+@pytest.fixture(scope="module")
+def checkpoint_server(tmp_path_factory):
+    """A server reading a checkpoint of Net, written as safetensors."""
+    from safetensors.torch import save_file
+    root = tmp_path_factory.mktemp("dist-ckpt") / "models"
+    (root / "net").mkdir(parents=True)
+    torch.manual_seed(5)
+    state = {k: v.detach().contiguous() for k, v in Net().state_dict().items()}
+    save_file(state, str(root / "net" / "model.safetensors"))
+    with serverproc.running_server(extra_args=(f"--checkpoint_roots=models={root}",)) as srv:
+        yield srv, state, (root / "net" / "model.safetensors").stat().st_size
+
+
+def test_ranks_load_their_slices_of_a_checkpoint_read_once(checkpoint_server, tmp_path):
+    """DTensor ranks (Replicate, Shard(0), Shard(1) mixed) each get their
+    slices of the checkpoint's tensors; the server reads the file once for
+    all ranks of a job, and not at all for the next job."""
+    server, state, file_bytes = checkpoint_server
+    for world in (2, 4):
+        before = server.stats().checkpoint_cache.bytes_read_from_files
+        (tmp_path / f"w{world}").mkdir()
+        ranks = run_ranks(world, "checkpoint", server.address, tmp_path / f"w{world}",
+                          checkpoint="models/net")
+        read = server.stats().checkpoint_cache.bytes_read_from_files - before
+        assert read == (file_bytes if world == 2 else 0), (world, read)
+        assert sum(saved["__read__"] for saved in ranks) == read
+        for name, want in state.items():
+            covered = torch.zeros(want.shape, dtype=torch.int32)
+            for r, saved in enumerate(ranks):
+                box, local, _ = saved[name]
+                index = tuple(slice(o, o + l) for o, l in box)
+                assert torch.equal(local, want[index]), (name, r)
+                covered[index] += 1
+            assert torch.all(covered == (world if name == "emb.weight" else 1)), name
     server.assert_idle()

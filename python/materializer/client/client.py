@@ -391,14 +391,17 @@ class Client:
                           timeout=timeout)
 
     def materialize(self, model, placement=None, *, label="", exportable=False,
-                    ttl=None, async_=False, timeout=None, replica=None):
+                    ttl=None, async_=False, timeout=None, replica=None, checkpoint=None):
         """MaterializeResponse; the handle is bound to this client's session
         (when sessions are on; on that replica), else leased for `ttl`
         seconds. With several replicas it lands on the one with the most
-        room for `placement`, or on the one named `replica`."""
+        room for `placement`, or on the one named `replica`. `checkpoint`: a
+        CheckpointSource the server fills the tensors it holds from."""
         req = pb.MaterializeRequest(model=model, placement=_placement(placement),
                                     label=label, exportable=exportable,
                                     **{"async": async_})
+        if checkpoint is not None:
+            req.checkpoint.CopyFrom(checkpoint)
         if ttl is not None:
             req.ttl.FromNanoseconds(int(ttl * 1e9))
         return self._call("Materialize", req, placement=req.placement, replica=replica,

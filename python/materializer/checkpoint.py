@@ -1,0 +1,83 @@
+"""Checkpoints the server reads (MaterializeRequest.checkpoint;
+docs/checkpoints.md): tensors found in the checkpoint come from it, the
+others from the model's own init, which describe() records as usual.
+
+    materializer.materialize(model, checkpoint="models/llama")
+    materializer.materialize(model, checkpoint=materializer.Checkpoint(
+        "models/gpt2", key_rules={"": "transformer."}, dtype_policy="exact"))
+"""
+
+from materializer._proto import pb
+
+DTYPE_POLICIES = {"cast": pb.CHECKPOINT_DTYPE_POLICY_CAST,
+                  "exact": pb.CHECKPOINT_DTYPE_POLICY_EXACT}
+
+
+class Checkpoint:
+    """path: "ROOT/relative/path" under one of the server's
+    --checkpoint_roots (a safetensors file, a torch.save file, or a folder
+    as save_pretrained writes it). key_rules: {from: to} (or (from, to)
+    pairs), in order; the first rule whose `from` starts a tensor's name
+    replaces that prefix with `to` to give its checkpoint key ("" adds a
+    prefix). dtype_policy: "cast" (a stored float of another dtype is cast
+    to the tensor's, as torch casts) or "exact". require_all: a tensor the
+    checkpoint lacks is an error listing them, instead of taking its init."""
+
+    def __init__(self, path, key_rules=None, dtype_policy="cast", require_all=False):
+        if not isinstance(path, str) or not path:
+            raise ValueError("checkpoint path must be a non-empty string "
+                             f"(ROOT/relative/path), not {path!r}")
+        if dtype_policy not in DTYPE_POLICIES:
+            raise ValueError(f"dtype_policy must be one of {sorted(DTYPE_POLICIES)}, "
+                             f"not {dtype_policy!r}")
+        rules = key_rules.items() if isinstance(key_rules, dict) else (key_rules or ())
+        self.path = path
+        self.key_rules = [(str(a), str(b)) for a, b in rules]
+        self.dtype_policy = dtype_policy
+        self.require_all = bool(require_all)
+
+    def to_proto(self):
+        return pb.CheckpointSource(
+            path=self.path,
+            key_rules=[pb.KeyRule(**{"from": a, "to": b}) for a, b in self.key_rules],
+            dtype_policy=DTYPE_POLICIES[self.dtype_policy],
+            require_all=self.require_all)
+
+    def __repr__(self):
+        return (f"Checkpoint({self.path!r}, key_rules={self.key_rules!r}, "
+                f"dtype_policy={self.dtype_policy!r}, require_all={self.require_all})")
+
+
+def as_checkpoint(value):
+    """None, a path, or a Checkpoint -> a Checkpoint or None."""
+    if value is None or isinstance(value, Checkpoint):
+        return value
+    if isinstance(value, str):
+        return Checkpoint(value)
+    raise TypeError(f"checkpoint must be a path string or a materializer.Checkpoint, "
+                    f"not {type(value).__name__}")
+
+
+class CheckpointReport:
+    """What the server took from the checkpoint, over every part: tensors
+    loaded and initialized, checkpoint keys no tensor mapped to, bytes read
+    from files and found in the server's cache."""
+
+    def __init__(self, reports):
+        reports = list(reports)
+        self.tensors_loaded = sum(r.tensors_loaded for r in reports)
+        self.tensors_initialized = sum(r.tensors_initialized for r in reports)
+        self.bytes_read_from_files = sum(r.bytes_read_from_files for r in reports)
+        self.bytes_from_cache = sum(r.bytes_from_cache for r in reports)
+        # A key is unused only if no part used it.
+        unused = None
+        for r in reports:
+            keys = set(r.unused_keys)
+            unused = keys if unused is None else unused & keys
+        self.unused_keys = sorted(unused or ())
+
+    def __repr__(self):
+        return (f"CheckpointReport(loaded={self.tensors_loaded}, "
+                f"initialized={self.tensors_initialized}, "
+                f"unused_keys={len(self.unused_keys)}, "
+                f"read={self.bytes_read_from_files:,}, cached={self.bytes_from_cache:,})")
