@@ -593,3 +593,17 @@ def test_every_flag_the_manifests_pass_is_a_server_flag(rendered, examples):
         for c in server_containers(pod_spec(workload)):
             unknown |= {(name, f) for f in flags(c) if f not in known}
     assert not unknown, f"flags materializerd does not have: {sorted(unknown)}"
+
+
+def test_example_trainers_set_only_variables_the_sdk_reads():
+    """The co-located examples configure the trainer through the SDK's
+    (and matctl's) MATERIALIZER_* variables, none it would ignore."""
+    import re
+    examples = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "examples"
+    env_py = (pathlib.Path(__file__).resolve().parents[2] / "python" / "materializer"
+              / "client" / "env.py").read_text()
+    read = set(re.findall(r'"(MATERIALIZER_[A-Z_]+)"', env_py))
+    used = set()
+    for f in examples.glob("*.yaml"):
+        used |= set(re.findall(r"name: (MATERIALIZER_[A-Z_]+)", f.read_text()))
+    assert used and used <= read, used - read

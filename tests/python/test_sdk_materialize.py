@@ -195,7 +195,7 @@ def test_deadline_and_wait_for_a_server_that_starts_later(tmp_path):
     assert time.monotonic() - t0 < 5
     client.close()
     # An idempotent call waits (within its deadline) for the server to come up.
-    client = mz.Client(f"127.0.0.1:{port}", deadline=60, session=False)
+    client = mz.Client(f"127.0.0.1:{port}", deadline=60, connect_timeout=60, session=False)
     proc = subprocess.Popen([serverproc.SERVER_BIN, f"--listen=127.0.0.1:{port}",
                              "--devices=cpu", "--cpu_capacity=1GiB", "--log_level=warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
