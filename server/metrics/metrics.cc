@@ -378,6 +378,32 @@ class Metrics::Impl final : public prometheus::Collectable {
 std::vector<MetricFamily> Metrics::Impl::CollectState() const {
   Snapshot out;
   using L = std::vector<ClientMetric::Label>;
+  if (sources_.checkpoint_cache) {
+    const CheckpointCacheFigures cache = sources_.checkpoint_cache();
+    Snapshot::Add(out.Family("materializer_checkpoint_cache_capacity_bytes",
+                             "Budget of the checkpoint cache "
+                             "(--checkpoint_cache_bytes)",
+                             MetricType::Gauge),
+                  {}, static_cast<double>(cache.capacity_bytes));
+    Snapshot::Add(out.Family("materializer_checkpoint_cache_bytes",
+                             "Checkpoint bytes kept in the cache",
+                             MetricType::Gauge),
+                  {}, static_cast<double>(cache.cached_bytes));
+    Snapshot::Add(out.Family("materializer_checkpoint_read_bytes_total",
+                             "Checkpoint bytes read from files",
+                             MetricType::Counter),
+                  {}, static_cast<double>(cache.read_bytes));
+    Snapshot::Add(out.Family("materializer_checkpoint_cache_served_bytes_total",
+                             "Checkpoint bytes a load found in the cache "
+                             "instead of reading them",
+                             MetricType::Counter),
+                  {}, static_cast<double>(cache.served_bytes));
+    Snapshot::Add(out.Family("materializer_checkpoint_cache_evicted_bytes_total",
+                             "Checkpoint bytes dropped from the cache to stay "
+                             "within its budget",
+                             MetricType::Counter),
+                  {}, static_cast<double>(cache.evicted_bytes));
+  }
   if (sources_.pool != nullptr) {
     const memory::PoolSnapshot snapshot = sources_.pool->Snapshot();
     auto& capacity = out.Family("materializer_device_capacity_bytes",

@@ -18,6 +18,7 @@
 // scrape. This header deliberately includes nothing from prometheus-cpp.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,11 +46,23 @@ inline constexpr int kDefaultClientLabels = 20;
 
 // Where scrape-time figures come from. Each may be null (then its metrics
 // are absent); each must outlive the Metrics.
+// The checkpoint cache's figures (server/load/range_cache.h), as a scrape
+// reads them.
+struct CheckpointCacheFigures {
+  uint64_t capacity_bytes = 0;
+  uint64_t cached_bytes = 0;
+  uint64_t read_bytes = 0;
+  uint64_t served_bytes = 0;
+  uint64_t evicted_bytes = 0;
+};
+
 struct StateSources {
   const memory::DevicePool* pool = nullptr;
   const registry::HandleRegistry* registry = nullptr;
   const memory::GpuReporter* gpu = nullptr;
   int client_labels = kDefaultClientLabels;
+  // Called at each scrape; null: the server reads no checkpoints.
+  std::function<CheckpointCacheFigures()> checkpoint_cache;
 };
 
 // Thread-safe.

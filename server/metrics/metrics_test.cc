@@ -174,7 +174,12 @@ TEST(MetricsTest, StateComesFromTheLedgerRegistryAndDriverAtScrapeTime) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<memory::DevicePool> pool,
                        memory::DevicePool::Create(devices));
   registry::HandleRegistry handles;
-  Metrics metrics({pool.get(), &handles, &reporter, /*client_labels=*/2});
+  StateSources sources;
+  sources.pool = pool.get();
+  sources.registry = &handles;
+  sources.gpu = &reporter;
+  sources.client_labels = 2;
+  Metrics metrics(sources);
 
   ASSERT_OK_AND_ASSIGN(memory::Reservation a,
                        pool->Reserve("alice", "cpu:0", 300 * kMiB));

@@ -151,11 +151,43 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
           memory::DriverAdmission{server->gpu_driver_.get(), *headroom}));
   server->replica_ = replica;
   server->registry_ = std::make_unique<registry::HandleRegistry>(replica);
+  if (!options.checkpoint_roots.empty()) {
+    absl::StatusOr<checkpoint::CheckpointRoots> roots =
+        checkpoint::CheckpointRoots::Create(options.checkpoint_roots,
+                                            options.checkpoint_readers);
+    if (!roots.ok()) return roots.status();
+    absl::StatusOr<uint64_t> cache_bytes =
+        ParseBytes(options.checkpoint_cache_bytes);
+    if (!cache_bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--checkpoint_cache_bytes: ", cache_bytes.status().message()));
+    }
+    server->checkpoint_roots_ =
+        std::make_unique<checkpoint::CheckpointRoots>(std::move(*roots));
+    server->checkpoint_opener_ =
+        std::make_unique<load::RootsOpener>(server->checkpoint_roots_.get());
+    load::RangeCache::Options cache_options;
+    cache_options.capacity_bytes = *cache_bytes;
+    server->checkpoint_cache_ =
+        std::make_shared<load::RangeCache>(cache_options);
+  }
   metrics::StateSources sources;
   sources.pool = server->pool_.get();
   sources.registry = server->registry_.get();
   sources.gpu = server->gpu_reporter_.get();
   sources.client_labels = options.metrics_client_labels;
+  if (server->checkpoint_cache_ != nullptr) {
+    sources.checkpoint_cache = [cache = server->checkpoint_cache_] {
+      const load::RangeCache::Stats stats = cache->stats();
+      metrics::CheckpointCacheFigures figures;
+      figures.capacity_bytes = stats.capacity_bytes;
+      figures.cached_bytes = stats.cached_bytes;
+      figures.read_bytes = stats.bytes_read_from_files;
+      figures.served_bytes = stats.bytes_served_from_cache;
+      figures.evicted_bytes = stats.evicted_bytes;
+      return figures;
+    };
+  }
   server->metrics_ = std::make_unique<metrics::Metrics>(sources);
   server->session_reporter_ =
       std::make_unique<metrics::SessionReporter>(server->metrics_.get());
@@ -180,28 +212,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   server->workers_ = std::make_unique<ThreadPool>(pool_options);
   const int workers = server->workers_->num_threads();
   engine::EngineOptions engine_options;
-  if (!options.checkpoint_roots.empty()) {
-    absl::StatusOr<checkpoint::CheckpointRoots> roots =
-        checkpoint::CheckpointRoots::Create(options.checkpoint_roots,
-                                            options.checkpoint_readers);
-    if (!roots.ok()) return roots.status();
-    absl::StatusOr<uint64_t> cache_bytes =
-        ParseBytes(options.checkpoint_cache_bytes);
-    if (!cache_bytes.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--checkpoint_cache_bytes: ", cache_bytes.status().message()));
-    }
-    server->checkpoint_roots_ =
-        std::make_unique<checkpoint::CheckpointRoots>(std::move(*roots));
-    server->checkpoint_opener_ =
-        std::make_unique<load::RootsOpener>(server->checkpoint_roots_.get());
-    load::RangeCache::Options cache_options;
-    cache_options.capacity_bytes = *cache_bytes;
-    server->checkpoint_cache_ =
-        std::make_unique<load::RangeCache>(cache_options);
-    engine_options.checkpoint_opener = server->checkpoint_opener_.get();
-    engine_options.checkpoint_cache = server->checkpoint_cache_.get();
-  }
+  engine_options.checkpoint_opener = server->checkpoint_opener_.get();
+  engine_options.checkpoint_cache = server->checkpoint_cache_.get();
   engine_options.sessions = server->sessions_.get();
   engine_options.default_ttl = options.default_ttl;
   engine_options.metrics = server->metrics_.get();

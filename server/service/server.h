@@ -174,7 +174,8 @@ class Server {
   // Declared before the engine, which borrows them.
   std::unique_ptr<checkpoint::CheckpointRoots> checkpoint_roots_;
   std::unique_ptr<load::RootsOpener> checkpoint_opener_;
-  std::unique_ptr<load::RangeCache> checkpoint_cache_;
+  // Shared with the metrics, which read it at each scrape.
+  std::shared_ptr<load::RangeCache> checkpoint_cache_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<ThreadPool> workers_;
   std::unique_ptr<MaterializerService> service_;

@@ -14,6 +14,7 @@ import torch
 import grpc
 
 import matutil as m
+import scrape
 import serverproc
 
 transformers = pytest.importorskip("transformers")
@@ -54,7 +55,8 @@ def root(tmp_path_factory):
 def server(root):
     with serverproc.running_server(extra_args=(
             f"--checkpoint_roots=models={root / 'models'}",
-            "--checkpoint_cache_bytes=64MiB")) as srv:
+            "--checkpoint_cache_bytes=64MiB", "--metrics_listen=127.0.0.1:0"),
+            log_level="info") as srv:
         yield srv
 
 
@@ -203,6 +205,15 @@ def test_a_second_load_reads_nothing_from_files(server):
     stats = server.stats(CLIENT)
     assert stats.checkpoint_cache.capacity_bytes == 64 << 20
     assert stats.checkpoint_cache.cached_bytes > 0
+    # /metrics says the same as GetStats.
+    samples = scrape.scrape(scrape.metrics_url(server))
+    cache = stats.checkpoint_cache
+    assert samples[("materializer_checkpoint_cache_capacity_bytes", frozenset())] == 64 << 20
+    assert samples[("materializer_checkpoint_cache_bytes", frozenset())] == cache.cached_bytes
+    assert samples[("materializer_checkpoint_read_bytes_total", frozenset())] == \
+        cache.bytes_read_from_files
+    assert samples[("materializer_checkpoint_cache_served_bytes_total", frozenset())] == \
+        cache.bytes_served_from_cache
 
 
 def test_a_rewritten_file_is_read_again_never_served_stale(server, root):
