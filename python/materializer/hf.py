@@ -101,3 +101,44 @@ def materialize(config, auto_class="AutoModel", **kwargs):
     model = from_config(config, auto_class)
     _materialize(model, **kwargs)
     return model
+
+
+def from_pretrained(path, server=None, *, model_class=None, client=None, tls=None,
+                    token=None, config_overrides=None, **kwargs):
+    """What transformers' from_pretrained does, with the server reading the
+    checkpoint: the config.json of the folder `path` (ROOT/relative/path
+    under the server's --checkpoint_roots) builds the model on the meta
+    device, and materialize(model, checkpoint=path) fills it, tensors the
+    checkpoint lacks from the model's own init. model_class: a class or its
+    name (default: the config's first `architectures` entry, else
+    AutoModel). config_overrides: config attributes to set first
+    (num_labels=3, ...). Returns (model, Materialized)."""
+    import json
+    from materializer.api import _client_for, materialize as _materialize
+    transformers = require("transformers", "materializer.hf")
+    own, own_client = _client_for(server, client, tls, token, None, session=False)
+    try:
+        contents = own.inspect_checkpoint(path)
+    finally:
+        if own_client:
+            own.close()
+    if not contents.config_json:
+        raise FileNotFoundError(
+            f"{path}: the server found no config.json there (from_pretrained needs "
+            "the folder save_pretrained wrote; build the model yourself and pass "
+            "checkpoint= to materialize())")
+    fields = json.loads(contents.config_json)
+    model_type = fields.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f"{path}/config.json has no model_type")
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
+    if model_class is None:
+        archs = getattr(config, "architectures", None) or []
+        model_class = archs[0] if archs and hasattr(transformers, archs[0]) else "AutoModel"
+    model = from_config(config, model_class)
+    result = _materialize(model, server=server, client=client, tls=tls, token=token,
+                          checkpoint=path, **kwargs)
+    return model, result
+

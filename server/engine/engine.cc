@@ -667,6 +667,7 @@ absl::StatusOr<v1::CheckpointContents> Engine::InspectCheckpoint(
     total += e.nbytes;
   }
   out.set_tensor_bytes(total);
+  out.set_config_json(ckpt->config_json);
   return out;
 }
 

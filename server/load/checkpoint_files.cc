@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/checkpoint/checkpoint_tensor.h"
+#include "server/checkpoint/random_access_file.h"
 #include "server/checkpoint/roots.h"
 #include "server/checkpoint/safetensors_header.h"
 #include "server/checkpoint/shard_index.h"
@@ -138,7 +139,15 @@ absl::StatusOr<std::shared_ptr<const Checkpoint>> RootsOpener::Open(
     }
     return ckpt;
   }
-  // A folder, as save_pretrained writes one.
+  // A folder, as save_pretrained writes one; its config.json rides along
+  // for clients that build the model from it.
+  absl::StatusOr<OpenedFile> config = roots_->OpenFile(resolved, "config.json");
+  if (config.ok() && config->size() <= kMaxConfigBytes) {
+    ASSIGN_OR_RETURN(ckpt->config_json,
+                     checkpoint::ReadBytes(config->file(), 0, config->size()));
+  } else if (!config.ok() && !absl::IsNotFound(config.status())) {
+    return config.status();
+  }
   absl::StatusOr<OpenedFile> index = roots_->OpenFile(resolved, kIndexName);
   if (index.ok()) {
     RETURN_IF_ERROR(AddSharded(*roots_, resolved, std::move(*index), ckpt.get()));

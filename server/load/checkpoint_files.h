@@ -48,7 +48,11 @@ struct Checkpoint {
   std::vector<std::string> formats;
   std::vector<CheckpointEntry> entries;
   absl::flat_hash_map<std::string, int> entry_of_key;
+  // A folder's config.json (at most kMaxConfigBytes), else "".
+  std::string config_json;
 };
+
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{1} << 20;
 
 class CheckpointOpener {
  public:

@@ -147,3 +147,22 @@ def test_bad_checkpoint_arguments_fail_before_any_call():
     with pytest.raises(TypeError, match="checkpoint must be"):
         mz.materialize(torch.nn.Linear(2, 2, device="meta"), server="127.0.0.1:1",
                        checkpoint=42)
+
+
+def test_hf_from_pretrained_builds_from_the_servers_config(server, root):
+    """hf.from_pretrained reads config.json through the server (the trainer
+    has no copy) and loads the folder: as transformers' from_pretrained."""
+    model, r = hf.from_pretrained("models/llama-sharded", server=server.address)
+    want = tf.LlamaForCausalLM.from_pretrained(root / "llama-sharded").eval()
+    assert type(model) is tf.LlamaForCausalLM
+    assert r.checkpoint.unused_keys == []
+    assert_same_state(model, want)
+    # A class of one's own, and config attributes set before building.
+    clf, r = hf.from_pretrained("models/bert", server=server.address,
+                                model_class=tf.BertForSequenceClassification,
+                                config_overrides={"num_labels": 3})
+    assert clf.classifier.weight.shape == (3, 64)
+    assert r.checkpoint.tensors_initialized >= 4  # pooler, classifier
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        hf.from_pretrained("models/llama-sharded/model.safetensors.index.json",
+                           server=server.address)

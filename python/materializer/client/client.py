@@ -383,6 +383,14 @@ class Client:
         return results
 
     # -- the API ---------------------------------------------------------------
+    def inspect_checkpoint(self, path, digest=False, timeout=None):
+        """CheckpointContents of `path` (ROOT/relative/path under the
+        server's --checkpoint_roots): files, tensors and, for a folder,
+        its config.json."""
+        req = pb.InspectCheckpointRequest(path=path, digest=digest)
+        return self._call("InspectCheckpoint", req, placement=pb.Placement(),
+                          timeout=timeout)
+
     def plan(self, model, placement=None, timeout=None, replica=None):
         """PlanResponse for a ModelSpec (bytes, where it fits now), from the
         replica Materialize would choose (or the one named `replica`)."""
