@@ -21,6 +21,10 @@ log = logging.getLogger("materializer")
 SESSION_KEY = "x-materializer-session"
 
 
+# How much longer a resume waits for the server to notice a broken stream
+# it still counts as attached.
+ATTACHED_WAIT_S = 30.0
+
 class Session:
     """An open Attach stream. Thread-safe; `id` is stable for its life
     (a resumed stream keeps the id)."""
@@ -88,6 +92,10 @@ class Session:
             if self._closing.is_set():
                 return
             deadline = time.monotonic() + max(self.grace_s, 1.0)
+            # While the server still counts the old stream as attached
+            # (ALREADY_EXISTS: it has not seen the cut yet) the session
+            # cannot expire, so that wait gets longer.
+            attached_deadline = deadline + ATTACHED_WAIT_S
             delay = 0.05
             while not self._closing.is_set():
                 try:
@@ -98,7 +106,9 @@ class Session:
                         log.warning("materializer session %s: %s", self.id, self.lost)
                     break
                 except RpcError as e:
-                    if time.monotonic() > deadline or e.code in (
+                    limit = (attached_deadline if e.code == grpc.StatusCode.ALREADY_EXISTS
+                             else deadline)
+                    if time.monotonic() > limit or e.code in (
                             grpc.StatusCode.NOT_FOUND,
                             grpc.StatusCode.UNAUTHENTICATED,
                             grpc.StatusCode.PERMISSION_DENIED):
