@@ -22,10 +22,8 @@ namespace {
 // Key rules longer than this are refused (a tensor name's own limit is far
 // below).
 constexpr size_t kMaxKeyRuleBytes = 1024;
-// Missing tensors named in a require_all error, and unused keys listed in
-// the report.
+// Missing tensors named in a require_all error.
 constexpr size_t kMaxListed = 20;
-constexpr size_t kMaxUnusedListed = 1000;
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
