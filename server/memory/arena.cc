@@ -11,10 +11,14 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/util/strides.h>
@@ -33,6 +37,56 @@
 
 namespace materializer::memory {
 namespace {
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
+#endif
+
+// Pieces one populate call covers: large enough that the syscalls do not
+// count, small enough that the threads finish together.
+constexpr uint64_t kPopulateChunk = uint64_t{64} << 20;
+
+// Makes [pages, pages + bytes) resident and writable now, on several
+// threads, instead of one page fault at a time while init writes it.
+// Allocating and zeroing a page is the kernel's work either way; done here
+// it is batched (no trap per page), runs on every init thread, and a
+// shortage is an error now instead of a SIGBUS (shared memory) or the OOM
+// killer (anonymous) later (docs/architecture.md, "Host memory"). Returns
+// false where the kernel has no MADV_POPULATE_WRITE (before 5.14): nothing
+// was done.
+absl::StatusOr<bool> PopulateForWrite(std::byte* pages, uint64_t bytes,
+                                      absl::string_view what) {
+  if (bytes == 0) return true;
+  const uint64_t chunks = (bytes + kPopulateChunk - 1) / kPopulateChunk;
+  std::atomic<uint64_t> next{0};
+  std::atomic<int> error{0};
+  auto run = [&] {
+    for (uint64_t c = next++; c < chunks && error.load() == 0; c = next++) {
+      const uint64_t begin = c * kPopulateChunk;
+      const uint64_t length = std::min(kPopulateChunk, bytes - begin);
+      if (madvise(pages + begin, length, MADV_POPULATE_WRITE) != 0) {
+        int expected = 0;
+        error.compare_exchange_strong(expected, errno);
+      }
+    }
+  };
+  const int threads = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>(at::get_num_threads(), chunks)));
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(run);
+  run();
+  for (std::thread& helper : helpers) helper.join();
+  switch (error.load()) {
+    case 0:
+      return true;
+    case EINVAL:  // an older kernel: the pages come on first write
+      return false;
+    default:  // EFAULT (a full /dev/shm would SIGBUS), ENOMEM, EINTR, ...
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot make ", FormatBytes(bytes), " of ", what,
+          " resident: ", std::strerror(error.load())));
+  }
+}
 
 // Fresh anonymous pages: zero-filled by the kernel, page aligned, and
 // returned to the system on release (munmap), so a freed handle leaves no
@@ -53,6 +107,12 @@ absl::StatusOr<at::Tensor> AllocateHostStorage(uint64_t bytes,
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot map ", FormatBytes(bytes), " of host memory: ",
         std::strerror(errno)));
+  }
+  absl::StatusOr<bool> populated = PopulateForWrite(
+      static_cast<std::byte*>(pages), bytes, "host memory");
+  if (!populated.ok()) {
+    munmap(pages, bytes);
+    return populated.status();
   }
   // No MADV_HUGEPAGE: on a 2-core VM, llama-1b's init took 1.3-15.9 s
   // (median 10.3) with it and 2.2-2.4 s without, in one same-run A/B of 6
@@ -252,9 +312,10 @@ void SweepStaleFiles(const std::string& dir) {
   closedir(listing);
 }
 
-// A fresh file of `bytes` zero bytes under `dir`, mapped shared. Its blocks
-// are allocated up front, so a full /dev/shm is an error now rather than a
-// SIGBUS when init first touches a page.
+// A fresh file of `bytes` zero bytes under `dir`, mapped shared. Its pages
+// are allocated up front (PopulateForWrite, else posix_fallocate), so a
+// full /dev/shm is an error now rather than a SIGBUS when init first
+// touches a page.
 absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
     uint64_t bytes, const std::string& dir, std::byte** data,
     std::string* path, int* fd_out) {
@@ -277,21 +338,37 @@ absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
     return fail(absl::InternalError(
         absl::StrCat("preparing ", name, ": ", std::strerror(errno))));
   }
-  if (bytes > 0) {
-    const int error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (error != 0) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat(
-          "cannot allocate ", FormatBytes(bytes), " of shared memory in ",
-          dir, ": ", std::strerror(error))));
-    }
-  }
   void* pages = nullptr;
   if (bytes > 0) {
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "cannot size ", name, " to ", FormatBytes(bytes), ": ",
+          std::strerror(errno))));
+    }
     pages = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (pages == MAP_FAILED) {
       return fail(absl::ResourceExhaustedError(absl::StrCat(
           "cannot map ", FormatBytes(bytes), " of shared memory: ",
           std::strerror(errno))));
+    }
+    // Populated through the mapping rather than by posix_fallocate: tmpfs
+    // fallocate runs on one thread under the inode lock and leaves every
+    // page to be cleared at its first fault anyway.
+    absl::StatusOr<bool> populated = PopulateForWrite(
+        static_cast<std::byte*>(pages), bytes,
+        absl::StrCat("shared memory in ", dir));
+    int error = 0;
+    if (populated.ok() && !*populated) {
+      error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    }
+    if (!populated.ok() || error != 0) {
+      munmap(pages, bytes);
+      return fail(populated.ok()
+                      ? absl::ResourceExhaustedError(absl::StrCat(
+                            "cannot allocate ", FormatBytes(bytes),
+                            " of shared memory in ", dir, ": ",
+                            std::strerror(error)))
+                      : populated.status());
     }
   }
   at::Tensor storage;

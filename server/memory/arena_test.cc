@@ -1,6 +1,14 @@
 #include "server/memory/arena.h"
 
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <string>
 
 #include "server/memory/arena_views.h"
 #include "tests/testing/status_matchers.h"
@@ -110,6 +118,89 @@ TEST(ArenaTest, ReservationSmallerThanLayoutIsRefusedAndRolledBack) {
   EXPECT_THAT(Arena::Allocate(std::move(r), tensors, layout).status(),
               StatusIs(absl::StatusCode::kInternal, ::testing::_));
   EXPECT_EQ(pool->Snapshot().total.reserved_bytes, 0u);
+}
+
+// Pages of [data, data + bytes) that are resident, by mincore.
+uint64_t ResidentPages(const std::byte* data, uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((bytes + page - 1) / page);
+  if (mincore(const_cast<std::byte*>(data), bytes, in_core.data()) != 0) {
+    return 0;
+  }
+  uint64_t n = 0;
+  for (unsigned char c : in_core) n += c & 1;
+  return n;
+}
+
+// Init writes the arena right after Allocate: its pages are already there
+// (populated on the allocating threads), for private and shared arenas.
+TEST(ArenaTest, PagesAreResidentBeforeInitWrites) {
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared memory" : "anonymous");
+    auto pool = CpuPool(uint64_t{1} << 30);
+    const std::vector<TensorDesc> tensors = {
+        Desc("w", {64, 1024, 1024}, DType::kUInt8)};  // 64 MiB
+    ASSERT_OK_AND_ASSIGN(spec::Layout layout, spec::ComputeLayout(tensors));
+    ASSERT_OK_AND_ASSIGN(Reservation r,
+                         pool->Reserve("alice", "cpu", layout.arena_bytes));
+    ArenaOptions options;
+    options.shared_memory = shared;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Arena> arena,
+                         Arena::Allocate(std::move(r), tensors, layout, options));
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    EXPECT_EQ(ResidentPages(arena->host_data(), arena->bytes()),
+              arena->bytes() / page);
+    // And they read as zeros.
+    const std::byte* p = arena->host_data();
+    EXPECT_TRUE(p[0] == std::byte{0} && p[arena->bytes() - 1] == std::byte{0});
+  }
+}
+
+// A shared arena larger than what its directory can hold is refused with
+// RESOURCE_EXHAUSTED when it is allocated, and leaves no file: never a
+// SIGBUS when init first writes a page. The directory is a 1 MiB tmpfs in
+// a mount namespace of a child process (user namespaces where unprivileged).
+TEST(ArenaTest, SharedArenaOverAFullTmpfsIsRefusedNotASigbus) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (unshare(CLONE_NEWNS) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+      _exit(77);  // no namespaces here: skipped
+    }
+    mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+    char dir[] = "/tmp/arena_full_XXXXXX";
+    if (mkdtemp(dir) == nullptr) _exit(78);
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=1m") != 0) _exit(77);
+    auto pool = CpuPool(uint64_t{1} << 30);
+    const std::vector<TensorDesc> tensors = {
+        Desc("w", {8, 1024, 1024}, DType::kUInt8)};  // 8 MiB
+    absl::StatusOr<spec::Layout> layout = spec::ComputeLayout(tensors);
+    absl::StatusOr<Reservation> r =
+        pool->Reserve("alice", "cpu", layout->arena_bytes);
+    ArenaOptions options;
+    options.shared_memory = true;
+    options.shared_memory_dir = dir;
+    absl::StatusOr<std::unique_ptr<Arena>> arena =
+        Arena::Allocate(std::move(*r), tensors, *layout, options);
+    int code = 0;
+    if (arena.ok()) code = 1;
+    else if (arena.status().code() != absl::StatusCode::kResourceExhausted) code = 2;
+    else if (arena.status().message().find(dir) == std::string::npos) code = 3;
+    else if (pool->Snapshot().total.reserved_bytes != 0) code = 4;
+    // The file went with the error.
+    else if (system((std::string("test -z \"$(ls -A ") + dir + ")\"").c_str()) != 0) code = 5;
+    umount(dir);
+    rmdir(dir);
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no mount namespace here";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: allocated; 2: another code; 3: the message lacks the directory; "
+         "4: the reservation stayed; 5: the file stayed";
 }
 
 }  // namespace
