@@ -3,7 +3,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/empty.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/kernel_threads.h"
 #include "server/common/torch_guard.h"
 #include "server/init/derived_fill.h"
 #include "server/init/fill.h"
@@ -27,26 +27,6 @@
 
 namespace materializer::init {
 namespace {
-
-// Our init threads already run tensors in parallel; a LibTorch kernel that
-// opens an OpenMP team of its own inside each would oversubscribe the
-// machine (threads x cores). OpenMP's thread count is a per-thread setting,
-// so each init thread sets its own to 1; MKL (LAPACK's QR for orthogonal)
-// gets the same through its thread-local setting, which also makes its
-// results reproducible: MKL's QR differs in the last bits between thread
-// counts. LibTorch loads both runtimes; they are looked up rather than
-// linked, and a LibTorch without them needs nothing.
-void UseOneKernelThreadHere() {
-  using SetNumThreads = int (*)(int);
-  static const auto set_omp_threads = reinterpret_cast<void (*)(int)>(
-      dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  // mkl_set_num_threads_local is a macro for this C entry point; the
-  // lower-case symbol is the Fortran one (it takes an int*).
-  static const auto set_mkl_threads = reinterpret_cast<SetNumThreads>(
-      dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
-  if (set_omp_threads != nullptr) set_omp_threads(1);
-  if (set_mkl_threads != nullptr) set_mkl_threads(1);
-}
 
 // One unit of work: a tensor with its own init, or a module_default module
 // (its tensors share one generator and are drawn in order).

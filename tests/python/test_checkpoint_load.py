@@ -195,6 +195,35 @@ def test_shards_read_their_box(server, root):
             assert m.same_bits(got[name], torch.chunk(want[name], 2, dim=dim)[index])
 
 
+def test_elements_split_by_a_block_boundary_are_read_and_cast_whole(server, root):
+    """safetensors does not require a tensor to start at a multiple of its
+    item size: here a float32 tensor starts 6 bytes into the data, so the
+    server's 4 MiB read blocks split some of its elements. Every element
+    comes back whole, as stored (float32) and cast (float64), on the
+    readers that share the tensor's pieces."""
+    folder = root / "models" / "misaligned"
+    folder.mkdir(exist_ok=True)
+    a = torch.arange(3, dtype=torch.float32).to(torch.bfloat16)
+    b = torch.randn(1_100_000, generator=torch.Generator().manual_seed(1))  # 4.4 MB
+    a_bytes = a.view(torch.int16).numpy().tobytes()
+    b_bytes = b.numpy().tobytes()
+    header = json.dumps({
+        "a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]},
+        "b": {"dtype": "F32", "shape": [1_100_000],
+              "data_offsets": [6, 6 + len(b_bytes)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header + a_bytes + b_bytes)
+    for dtype, want in (("float32", b), ("float64", b.double())):
+        spec = {"tensors": [{"name": "a", "shape": [3], "dtype": "float32"},
+                            {"name": "b", "shape": [1_100_000], "dtype": dtype}],
+                "initRules": [{"pattern": "*", "init": {"zeros": {}}}]}
+        resp, _, got = materialize(server, spec, {"path": "models/misaligned"})
+        assert resp.checkpoint.tensors_loaded == 2
+        assert m.same_bits(got["a"], a.float())
+        assert m.same_bits(got["b"], want), dtype
+
+
 def test_a_second_load_reads_nothing_from_files(server):
     spec = spec_of(tiny_gpt2())
     first, _, _ = materialize(server, spec, {"path": "models/gpt2-sharded"})
@@ -236,6 +265,59 @@ def test_a_rewritten_file_is_read_again_never_served_stale(server, root):
 def write(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def test_a_file_rewritten_during_a_read_fails_and_never_mixes(server, root):
+    """A writer rewrites a 64 MB tensor in place, 1 MiB at a time (as cp,
+    rsync or save_pretrained write), the whole time the server loads it:
+    every load either fails with FAILED_PRECONDITION naming the file, or
+    (between two passes) returns one version whole; never bytes of both,
+    and nothing is held afterwards."""
+    import threading
+    import safetensors.torch
+    folder = root / "models" / "busy"
+    folder.mkdir(exist_ok=True)
+    path = folder / "model.safetensors"
+    n = 16 << 20
+    versions = [torch.full((n,), 1.0), torch.full((n,), 2.0)]
+    safetensors.torch.save_file({"w": versions[0]}, str(path))
+    data_at = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    payloads = [v.numpy().tobytes() for v in versions]
+    stop = threading.Event()
+
+    def rewrite():
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            k = 1
+            while not stop.is_set():
+                for at in range(0, len(payloads[k]), 1 << 20):
+                    os.pwrite(fd, payloads[k][at:at + (1 << 20)], data_at + at)
+                k ^= 1
+        finally:
+            os.close(fd)
+
+    spec = {"tensors": [{"name": "w", "shape": [n], "dtype": "float32"}],
+            "initRules": [{"pattern": "*", "init": {"zeros": {}}}]}
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    refused = whole = 0
+    try:
+        for _ in range(12):
+            try:
+                _, _, got = materialize(server, spec, {"path": "models/busy"})
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e.details()
+                assert "models/busy/model.safetensors" in e.details(), e.details()
+                server.assert_idle(client=CLIENT)
+                refused += 1
+                continue
+            assert any(m.same_bits(got["w"], v) for v in versions), \
+                "a load mixed two versions of the file"
+            whole += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert refused >= 1, f"the rewrite was never caught ({whole} whole loads)"
 
 
 @pytest.mark.parametrize("path,code,text", [
