@@ -144,7 +144,7 @@ def in_process(tensors, seed):
 # ---------------------------------------------------------------------------
 
 class Service:
-    def __init__(self, binary, proto_dir, threads):
+    def __init__(self, binary, proto_dir, threads, extra_args=()):
         if not os.path.exists(binary):
             raise SystemExit(f"{binary} not found: build it first "
                              "(./dev build, or bazel build //server:materializerd)")
@@ -160,7 +160,7 @@ class Service:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads),
                    MKL_NUM_THREADS=str(threads))
         self.cmd = [binary, "--listen=127.0.0.1:0", "--devices=cpu",
-                    f"--workers={threads}", "--log_level=warning"]
+                    f"--workers={threads}", "--log_level=warning", *extra_args]
         import tempfile
         self.log = tempfile.NamedTemporaryFile(
             prefix="materializerd-bench-", suffix=".log", delete=False)

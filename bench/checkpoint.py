@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Checkpoint loads: time until the trainer's module holds pretrained weights
+it can train (resident, writable, in the training dtype).
+
+The benchmark writes a llama-1b-shaped checkpoint once (the llama-1b
+example's shapes as a LlamaForCausalLM, TinyLlama-1.1B: 1.1 B parameters,
+bfloat16, 2.2 GB, `save_pretrained` with max_shard_size 1GB: 3 shards and
+model.safetensors.index.json), under a folder the server reads as the
+checkpoint root "bench". Then one run alternates N timed repetitions (after
+a warm-up; each repetition in its own shuffled order) of
+
+  hf bf16      transformers' from_pretrained(folder, dtype=bfloat16): maps
+               the files and returns;
+  sdk bf16     the model built on the meta device from the config
+               (bfloat16), then materializer.materialize(model,
+               checkpoint="bench/llama-1b"): the server reads the files into
+               shared memory and the module's tensors become views of it;
+  hf fp32      from_pretrained(folder, dtype=float32): fp32 master weights
+               from the bf16 checkpoint, cast in this process;
+  sdk fp32     the model built in float32 on meta, the same materialize():
+               the server casts while it reads;
+
+each followed by the first write of every weight (x *= 1 over all
+parameters, what the first optimizer step does to memory), and reported
+with it. With the page cache warm (the files were just written or read):
+the time is the loaders' own work, not the disk's.
+
+--ranks N adds N ranks on this host (gloo, bench/checkpoint_ranks.py):
+each rank's from_pretrained then its Shard(0) rows, against the SDK
+materializing only each rank's rows; wall time and peak RSS per rank.
+
+--stream adds the trainer that cannot read the files (they exist only
+under the server's root): the stream transport's GB/s into the module,
+next to a raw TCP stream of the same bytes over loopback in the same
+repetition (bench/sdk.py's raw_tcp).
+
+--cold adds (as root) the caches-dropped case: before each of its
+repetitions `echo 3 > /proc/sys/vm/drop_caches`, then the server's load
+(sdk bf16) next to one sequential O_DIRECT read of the same files
+(`dd iflag=direct bs=16M`), the best a single reader gets from the disk.
+
+    .venv/bin/python bench/checkpoint.py            # print the tables
+    .venv/bin/python bench/checkpoint.py --write    # ... and update bench/RESULTS.md
+"""
+
+import argparse
+import datetime
+import gc
+import glob
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import run as bench_run  # noqa: E402  (Service, machine, git_commit, write_results)
+
+NAME = "llama-1b"
+PATHS = ("hf bf16", "sdk bf16", "hf fp32", "sdk fp32")
+
+
+def config():
+    import transformers
+    return transformers.LlamaConfig(
+        hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+        num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+        max_position_embeddings=2048, tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"])
+
+
+def write_checkpoint(folder):
+    """save_pretrained of a bfloat16 llama-1b with made-up values (uniform,
+    drawn in float32 and rounded), unless the folder already holds it."""
+    import transformers
+    done = os.path.join(folder, ".complete")
+    if os.path.exists(done):
+        return
+    os.makedirs(folder, exist_ok=True)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config()).to(torch.bfloat16)
+    model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.empty(p.shape).uniform_(-0.05, 0.05, generator=g))
+    model.save_pretrained(folder, max_shard_size="1GB", safe_serialization=True)
+    open(done, "w").close()
+
+
+def files_of(folder):
+    return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+
+
+def write_once(model):
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        torch._foreach_mul_([p for p in model.parameters()], 1.0)
+    return time.perf_counter() - t0
+
+
+def hf_load(folder, dtype):
+    import transformers
+    t0 = time.perf_counter()
+    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model, time.perf_counter() - t0, {}
+
+
+def sdk_load(client, dtype):
+    import materializer
+    from materializer import hf
+    t0 = time.perf_counter()
+    model = hf.from_config(config(), "LlamaForCausalLM", dtype=dtype)
+    r = materializer.materialize(model, client=client, checkpoint=f"bench/{NAME}",
+                                 progress=False)
+    wall = time.perf_counter() - t0
+    report = r.checkpoint
+    # Every parameter from the file (the rotary buffers are computed).
+    assert report.tensors_loaded == sum(1 for _ in model.parameters()), report
+    phases = dict(r.seconds)
+    phases["read_from_files"] = report.bytes_read_from_files
+    return model, wall, phases
+
+
+def sdk_stream(client):
+    """The stream transport (what a trainer without /dev/shm access to the
+    server, or on another host, gets): seconds of the whole call and of its
+    load phase (the bytes crossing loopback into the module)."""
+    import materializer
+    from materializer import hf
+    model = hf.from_config(config(), "LlamaForCausalLM", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    r = materializer.materialize(model, client=client, checkpoint=f"bench/{NAME}",
+                                 transport="stream", progress=False)
+    wall = time.perf_counter() - t0
+    return wall, r.seconds["load"]
+
+
+def run_ranks(world, address, folder, reps):
+    """bench/checkpoint_ranks.py on `world` processes; rank 0's records."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = os.path.join(tempfile.mkdtemp(prefix="ckpt-ranks-"), "records.jsonl")
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "checkpoint_ranks.py"),
+                               str(r), str(world), port, address, folder,
+                               f"bench/{NAME}", str(reps), out])
+             for r in range(world)]
+    for p in procs:
+        if p.wait(timeout=3600) != 0:
+            raise SystemExit(f"a rank exited with {p.returncode}")
+    import json
+    with open(out, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def direct_read(files):
+    """Seconds for one sequential O_DIRECT read of every file (dd)."""
+    t0 = time.perf_counter()
+    for path in files:
+        subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=16M", "iflag=direct"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def span(xs):
+    return f"{bench_run.ms(med(xs))} ({bench_run.ms(min(xs))}–{bench_run.ms(max(xs))})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(),
+                                                  "materializer-bench-checkpoint"),
+                    help="the checkpoint root (the checkpoint is written once and kept)")
+    ap.add_argument("--cold", action="store_true",
+                    help="also the caches-dropped case (needs root)")
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="also N ranks on this host, Shard(0) (0: not run)")
+    ap.add_argument("--stream", action="store_true",
+                    help="also the stream transport against raw loopback TCP")
+    ap.add_argument("--server", default=os.environ.get(
+        "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd")))
+    ap.add_argument("--proto", default=os.environ.get(
+        "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    os.environ["MATERIALIZER_PY_PROTO"] = args.proto
+    command = " ".join([".venv/bin/python", "bench/checkpoint.py"]
+                       + [shlex.quote(a) for a in sys.argv[1:]])
+    torch.set_num_threads(args.threads)
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    mach = bench_run.machine()
+    folder = os.path.join(args.dir, NAME)
+    write_checkpoint(folder)
+    files = files_of(folder)
+    nbytes = sum(os.path.getsize(f) for f in files)
+    print(f"# {mach['cpu']}, {mach['cores']} cores; checkpoint {folder}: {len(files)} files, "
+          f"{nbytes / 1e9:.2f} GB", file=sys.stderr)
+
+    import materializer
+    load_before = os.getloadavg()[0]
+    svc = bench_run.Service(args.server, args.proto, args.threads,
+                            extra_args=[f"--checkpoint_roots=bench={args.dir}"])
+    client = materializer.Client(svc.address)
+    times = {p: [] for p in PATHS}
+    writes = {p: [] for p in PATHS}
+    phases = {p: [] for p in PATHS}
+    cold = {"sdk": [], "dd": [], "read": []}
+    stream = {"call": [], "load": [], "tcp": []}
+    ranks = []
+    try:
+        for i in range(args.warmup + args.reps):
+            timed = i >= args.warmup
+            order = list(PATHS)
+            random.Random(i).shuffle(order)
+            for p in order:
+                gc.collect()
+                dtype = torch.bfloat16 if p.endswith("bf16") else torch.float32
+                if p.startswith("hf"):
+                    model, wall, ph = hf_load(folder, dtype)
+                else:
+                    model, wall, ph = sdk_load(client, dtype)
+                write = write_once(model)
+                assert all(t.dtype == dtype for t in model.parameters())
+                del model
+                gc.collect()
+                print(f"{'rep' if timed else 'warm-up'} {i + 1}: {p} {wall:.3f} s "
+                      f"+ first write {write:.3f} s {ph}", file=sys.stderr)
+                if timed:
+                    times[p].append(wall)
+                    writes[p].append(write)
+                    phases[p].append(ph)
+            if args.stream and timed:
+                import sdk as sdk_bench
+                for what in random.Random(2000 + i).sample(["stream", "tcp"], 2):
+                    gc.collect()
+                    if what == "tcp":
+                        stream["tcp"].append(sdk_bench.raw_tcp(nbytes))
+                    else:
+                        call, load = sdk_stream(client)
+                        stream["call"].append(call)
+                        stream["load"].append(load)
+                    gc.collect()
+            if args.cold and timed:
+                for what in random.Random(1000 + i).sample(["sdk", "dd"], 2):
+                    drop_caches()
+                    if what == "dd":
+                        cold["dd"].append(direct_read(files))
+                    else:
+                        model, wall, ph = sdk_load(client, torch.bfloat16)
+                        cold["sdk"].append(wall)
+                        cold["read"].append(ph["materialize"])
+                        del model
+                        gc.collect()
+                    print(f"cold rep {i + 1}: {what} {cold[what][-1]:.3f} s", file=sys.stderr)
+        if args.ranks:
+            ranks = run_ranks(args.ranks, svc.address, folder, args.reps)
+        client.close()
+        svc.check_idle()
+    finally:
+        svc.stop()
+    load_after = os.getloadavg()[0]
+
+    ready = {p: [t + w for t, w in zip(times[p], writes[p])] for p in PATHS}
+    lines = [
+        f"Checkpoint: {NAME}, bfloat16, {len(files)} safetensors shards, "
+        f"{nbytes / 1e9:.2f} GB, page cache warm. Median of {args.reps} interleaved "
+        "repetitions (min–max), milliseconds. Ready to train = the call, then the first "
+        "write of every weight; ratio = hf / sdk for the same dtype (> 1: the SDK is "
+        "faster).",
+        "",
+        "| dtype | path | call | first write | ready to train | hf / sdk |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for dt in ("bf16", "fp32"):
+        base = med(ready[f"hf {dt}"])
+        for p in (f"hf {dt}", f"sdk {dt}"):
+            lines.append(f"| {dt} | {p.split()[0]} | {span(times[p])} | "
+                         f"{bench_run.ms(med(writes[p]))} | {span(ready[p])} | "
+                         f"**{base / med(ready[p]):.2f}** |")
+    sdk_phases = [ph for ph in phases["sdk bf16"]]
+    lines += ["", "SDK phases (bf16, medians, ms): " + ", ".join(
+        f"{k} {bench_run.ms(med([ph[k] for ph in sdk_phases]))}"
+        for k in ("describe", "materialize", "load")) + "; bytes read from files per "
+        f"load: {med([ph['read_from_files'] for ph in sdk_phases]) / 1e9:.2f} GB."]
+    if stream["call"]:
+        tcp_bw = nbytes / med(stream["tcp"])
+        load_bw = nbytes / med(stream["load"])
+        lines += ["", "A trainer without access to the files: the stream transport "
+                  "(materialize(..., transport=\"stream\")), the load phase being the "
+                  "checkpoint's bytes crossing loopback into the module (XXH3-checked), "
+                  "against a raw TCP stream of the same bytes in the same repetition.", "",
+                  "| case | seconds | GB/s | ratio to raw TCP |", "|---|---:|---:|---:|",
+                  f"| raw TCP (sendall / recv_into) | {span(stream['tcp'])} | "
+                  f"{tcp_bw / 1e9:.2f} | **1.00** |",
+                  f"| sdk stream: load phase | {span(stream['load'])} | {load_bw / 1e9:.2f} | "
+                  f"**{load_bw / tcp_bw:.2f}** |",
+                  f"| sdk stream: whole call | {span(stream['call'])} | "
+                  f"{nbytes / med(stream['call']) / 1e9:.2f} | "
+                  f"**{nbytes / med(stream['call']) / tcp_bw:.2f}** |"]
+    if ranks:
+        by = {p: [r for r in ranks if r["path"] == p] for p in ("hf + shard", "sdk Shard(0)")}
+        base_wall = med([r["wall"] for r in by["hf + shard"]])
+        base_peak = med([max(r["peaks"]) for r in by["hf + shard"]])
+        lines += ["", f"{args.ranks} ranks on this host (gloo), bfloat16, Shard(0) "
+                  "rows of every parameter: from the first barrier to the last, each "
+                  "rank's weights written once; peak = the largest rank's RSS growth.", "",
+                  "| path | wall | ratio to hf | peak RSS per rank | ratio to hf | "
+                  "bytes per rank |", "|---|---:|---:|---:|---:|---:|"]
+        for p, rs in by.items():
+            wall = med([r["wall"] for r in rs])
+            peak = med([max(r["peaks"]) for r in rs])
+            lines.append(f"| {p} | {span([r['wall'] for r in rs])} | "
+                         f"**{wall / base_wall:.2f}** | {peak / 1e9:.2f} GB | "
+                         f"**{peak / base_peak:.2f}** | {rs[0]['local_bytes'] / 1e9:.2f} GB |")
+    if cold["sdk"]:
+        sdk_bw = nbytes / med(cold["read"])
+        dd_bw = nbytes / med(cold["dd"])
+        lines += ["", "Caches dropped before each repetition (as root): the server's "
+                  "Materialize (read from the disk into shared memory) against one "
+                  "sequential O_DIRECT read of the same files (dd, bs=16M).", "",
+                  "| case | seconds | GB/s | ratio to dd |", "|---|---:|---:|---:|",
+                  f"| dd iflag=direct | {span(cold['dd'])} | {dd_bw / 1e9:.2f} | **1.00** |",
+                  f"| sdk bf16: Materialize | {span(cold['read'])} | {sdk_bw / 1e9:.2f} | "
+                  f"**{sdk_bw / dd_bw:.2f}** |",
+                  f"| sdk bf16: whole call | {span(cold['sdk'])} | "
+                  f"{nbytes / med(cold['sdk']) / 1e9:.2f} | "
+                  f"**{nbytes / med(cold['sdk']) / dd_bw:.2f}** |"]
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        key = re.sub(r"[^a-z0-9]+", "-", f"checkpoint {mach['cpu']} {mach['cores']}c".lower())
+        body = "\n".join([
+            f"## Checkpoint loads: {mach['cpu']}, {mach['cores']} cores, {mach['ram']}",
+            "",
+            f"- command: `{command}`",
+            f"- date: {date}",
+            f"- software: torch {torch.__version__}, commit {bench_run.git_commit()}; "
+            f"{args.threads} threads on both sides",
+            f"- 1-minute load average {load_before:.2f} before, {load_after:.2f} after",
+            "",
+            table,
+        ])
+        bench_run.write_results(key.strip("-"), body, mark="bench/checkpoint.py")
+
+
+if __name__ == "__main__":
+    main()

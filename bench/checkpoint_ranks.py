@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""One rank of bench/checkpoint.py --ranks N: N processes on this host (gloo),
+each timing, in interleaved repetitions,
+
+  hf + shard   from_pretrained(folder, dtype=bfloat16) of the whole model,
+               then each parameter replaced by this rank's Shard(0) rows
+               (a DTensor over its own copy; the full model is dropped);
+  sdk Shard(0) the model on the meta device with Shard(0) DTensor
+               parameters, then materializer.materialize(model,
+               checkpoint=...): the server reads each rank's rows;
+
+each followed by the first write of this rank's weights. Every repetition
+starts at a barrier and ends at one; rank 0 writes the wall times, and every
+rank its peak RSS growth, to OUT (JSON lines).
+
+    checkpoint_ranks.py RANK WORLD PORT ADDRESS FOLDER CHECKPOINT REPS OUT
+"""
+
+import gc
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+
+from checkpoint import config, write_once  # noqa: E402
+
+
+def rss_peak_reset():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+
+
+def status(key):
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def shard_rows(model, mesh, rank, world):
+    from torch.distributed.tensor import DTensor, Shard
+    for full_name, p in list(model.named_parameters()):
+        owner, _, name = full_name.rpartition(".")
+        local = torch.chunk(p.detach(), world, dim=0)[rank].clone()
+        model.get_submodule(owner).register_parameter(name, torch.nn.Parameter(
+            DTensor.from_local(local, mesh, [Shard(0)], run_check=False)))
+
+
+def hf_path(folder, mesh, rank, world):
+    import transformers
+    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    shard_rows(model, mesh, rank, world)
+    gc.collect()
+    return model
+
+
+def sdk_path(client, checkpoint, mesh):
+    import materializer
+    from materializer import hf
+    from torch.distributed.tensor import Shard, distribute_tensor
+    model = hf.from_config(config(), "LlamaForCausalLM", dtype=torch.bfloat16)
+    for full_name, p in list(model.named_parameters()):
+        owner, _, name = full_name.rpartition(".")
+        model.get_submodule(owner).register_parameter(
+            name, torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
+    materializer.materialize(model, client=client, checkpoint=checkpoint, progress=False)
+    return model
+
+
+def main():
+    rank, world, port, address, folder, checkpoint, reps, out = sys.argv[1:9]
+    rank, world, reps = int(rank), int(world), int(reps)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import materializer
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    client = materializer.Client(address)
+    records = []
+    for i in range(reps + 1):   # the first is a warm-up
+        order = ["hf + shard", "sdk Shard(0)"]
+        random.Random(i).shuffle(order)
+        for path in order:
+            gc.collect()
+            base = rss_peak_reset()
+            dist.barrier()
+            t0 = time.perf_counter()
+            if path == "hf + shard":
+                model = hf_path(folder, mesh, rank, world)
+            else:
+                model = sdk_path(client, checkpoint, mesh)
+            write_once(model)
+            local = sum(p._local_tensor.numel() * p._local_tensor.element_size()
+                        for p in model.parameters())
+            dist.barrier()
+            wall = time.perf_counter() - t0
+            peak = status("VmHWM") - base
+            del model
+            gc.collect()
+            peaks = [None] * world
+            dist.all_gather_object(peaks, peak)
+            if rank == 0 and i > 0:
+                records.append({"path": path, "wall": wall, "peaks": peaks,
+                                "local_bytes": local})
+            if rank == 0:
+                print(f"ranks {world} {'rep' if i else 'warm-up'} {i}: {path} {wall:.3f} s, "
+                      f"peak RSS per rank {[round(p / 1e9, 2) for p in peaks]} GB",
+                      file=sys.stderr, flush=True)
+    client.close()
+    if rank == 0:
+        with open(out, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
