@@ -92,7 +92,8 @@ def _plan(args):
                     session=False) as client:
             try:
                 plan = client.plan(spec.to_proto() if spec.roots and spec.roots[0].steps
-                                   else _shapes_only(spec), placement=args.placement or None)
+                                   else _shapes_only(spec), placement=args.placement or None,
+                                   summary_only=True)   # the listing is not printed
             except RpcError as e:
                 raise _for_command_line(e, args.server, tls, token_source) from None
     if args.json:

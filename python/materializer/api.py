@@ -147,9 +147,11 @@ def _client_for(server, client, tls, token, connect_timeout, session=True):
 @_user_call("plan")
 def plan(model, server=None, *, client=None, tls=None, token=None, connect_timeout=None,
          seed=0, rng="portable", spec=None, placement=None, replica=None,
-         **describe_kwargs):
+         summary_only=False, **describe_kwargs):
     """The server's Plan for `model` (a PlanResponse): the arena's bytes
     and which of its devices it fits on now. Nothing is allocated.
+    summary_only: leave out the per-tensor listing (`tensors`), most of
+    the response for a model of many tensors.
 
     server, tls, token, connect_timeout: as for Client (left out: the
     MATERIALIZER_* variables); or client: a materializer.Client.
@@ -161,7 +163,8 @@ def plan(model, server=None, *, client=None, tls=None, token=None, connect_timeo
     client, own_client = _client_for(server, client, tls, token, connect_timeout,
                                       session=False)
     try:
-        return client.plan(spec.to_proto(), placement=placement, replica=replica)
+        return client.plan(spec.to_proto(), placement=placement, replica=replica,
+                           summary_only=summary_only)
     finally:
         if own_client:
             client.close()

@@ -209,10 +209,18 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
   v1::PlanResponse response;
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;
   const spec::TensorDesc* largest = nullptr;
+  const bool listing = !request.summary_only();
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (i % kCancelPollInterval == 0)
       RETURN_IF_ERROR(CheckCancelled(cancelled));
     const spec::TensorDesc& t = tensors[i];
+    auto& entry = by_dtype[spec::Name(t.dtype)];
+    entry.second += 1;
+    if (t.tie_root < 0) {  // a tied tensor's bytes are its root's
+      entry.first += t.nbytes;
+      if (largest == nullptr || t.nbytes > largest->nbytes) largest = &t;
+    }
+    if (!listing) continue;
     v1::TensorPlan* plan = response.add_tensors();
     plan->set_name(t.name);
     plan->mutable_shape()->Add(t.shape.begin(), t.shape.end());
@@ -230,14 +238,7 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
       plan->mutable_shard_offset()->Add(t.shard_offset.begin(),
                                         t.shard_offset.end());
     }
-    auto& entry = by_dtype[spec::Name(t.dtype)];
-    entry.second += 1;
-    if (t.tie_root >= 0) {  // its bytes are its root's
-      plan->set_tied_to(tensors[t.tie_root].name);
-      continue;
-    }
-    entry.first += t.nbytes;
-    if (largest == nullptr || t.nbytes > largest->nbytes) largest = &t;
+    if (t.tie_root >= 0) plan->set_tied_to(tensors[t.tie_root].name);
   }
   for (const auto& [dtype, entry] : by_dtype) {
     v1::DtypeBytes* out = response.add_by_dtype();
@@ -276,7 +277,7 @@ absl::StatusOr<v1::PlanResponse> Engine::Plan(
         names.push_back(pool_->devices()[device].name);
       }
       response.set_placement(absl::StrJoin(names, "+"));
-      for (size_t i = 0; i < tensors.size(); ++i) {
+      for (size_t i = 0; listing && i < tensors.size(); ++i) {
         response.mutable_tensors(static_cast<int>(i))
             ->set_device(names[split->part_of_unit[units.unit_of_tensor[i]]]);
       }

@@ -287,6 +287,25 @@ def test_plan_allocates_nothing_and_matches_materialize(server):
     server.assert_idle()
 
 
+def test_a_summary_only_plan_is_the_plan_without_its_listing(server):
+    """PlanRequest.summary_only: every field of the full plan but the
+    per-tensor listing, for a split placement too (whose listing says which
+    device each tensor goes to)."""
+    pb = server.pb
+    mreq = server.example("gpt2-small.json")
+    for placement in (mreq.placement, pb.Placement(device="split")):
+        full = server.stub.Plan(pb.PlanRequest(model=mreq.model, placement=placement),
+                                timeout=60)
+        summary = server.stub.Plan(pb.PlanRequest(model=mreq.model, placement=placement,
+                                                  summary_only=True), timeout=60)
+        assert len(full.tensors) == 149 and len(summary.tensors) == 0
+        full.ClearField("tensors")
+        assert summary == full
+        assert summary.largest_tensor == "transformer.wte.weight"
+        assert summary.by_dtype[0].tensors == 149
+    server.assert_idle()
+
+
 def test_unused_rule_is_a_warning(server):
     req = {"model": {"tensors": [{"name": "w", "shape": [2], "dtype": "float32"}],
                      "initRules": [{"pattern": "nothing.*", "init": {"ones": {}}},

@@ -391,10 +391,12 @@ class Client:
         return self._call("InspectCheckpoint", req, placement=pb.Placement(),
                           timeout=timeout)
 
-    def plan(self, model, placement=None, timeout=None, replica=None):
+    def plan(self, model, placement=None, timeout=None, replica=None, summary_only=False):
         """PlanResponse for a ModelSpec (bytes, where it fits now), from the
-        replica Materialize would choose (or the one named `replica`)."""
-        req = pb.PlanRequest(model=model, placement=_placement(placement))
+        replica Materialize would choose (or the one named `replica`).
+        summary_only: without the per-tensor listing (`tensors`)."""
+        req = pb.PlanRequest(model=model, placement=_placement(placement),
+                             summary_only=summary_only)
         return self._call("Plan", req, placement=req.placement, replica=replica,
                           timeout=timeout)
 
