@@ -126,9 +126,13 @@ absl::StatusOr<Glob> Glob::Compile(absl::string_view pattern) {
   for (int k = 0; k < n; ++k) {
     const int state = k + 1;  // reached by reading item k
     const uint64_t bit = uint64_t{1} << (state % 64);
-    const ByteSet& set = items[k].set;
+    const Item& item = items[k];
+    if (item.literal) {  // most items: one byte, no scan of the set
+      glob.accept_[static_cast<unsigned char>(item.byte) * words + state / 64] |= bit;
+      continue;
+    }
     for (int c = 0; c < 256; ++c) {
-      if (set.test(c)) glob.accept_[c * words + state / 64] |= bit;
+      if (item.set.test(c)) glob.accept_[c * words + state / 64] |= bit;
     }
   }
   for (int state = 0; state <= n; ++state) {
