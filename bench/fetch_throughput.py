@@ -5,7 +5,7 @@ torch.load of the same state dict through a file, in one run, as ratios.
 
     bazel build //server:materializerd //client:matctl //bench:fetch_discard \
         //proto:materializer_py
-    .venv/bin/python bench/fetch_throughput.py [--gib 4] [--dir /dev/shm]
+    .venv/bin/python bench/fetch_throughput.py [--gib 4] [--dir /dev/shm] [--reps 5] [--write]
 
 Two clients: `bench/fetch_discard` (the C++ client library; counts and
 digests the bytes and drops them: the transport, next to raw TCP that also
@@ -16,14 +16,20 @@ streams) and warm. Files go to
 --dir (tmpfs by default, so no disk is measured; every path writes its
 file there). The raw TCP stream sends the bytes from memory with sendall
 and the receiver discards them with recv_into: the ceiling of loopback on
-this machine. Prints a Markdown table.
+this machine. Every path runs in each of --reps interleaved repetitions
+(default 5; torch.save + torch.load once, after them). Prints a Markdown
+table; --write adds it to bench/RESULTS.md.
 """
 
 import argparse
+import datetime
 import json
 import os
-import platform
+import random
+import re
+import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -131,50 +137,103 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=int, default=4)
     ap.add_argument("--dir", default="/dev/shm")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     import serverproc
 
     nbytes = args.gib * GIB
-    rows = []
-    tcp = raw_tcp(nbytes)
-    rows.append(("raw TCP loopback (sendall -> recv_into, discard)", nbytes, tcp))
-    tcp_file = raw_tcp(nbytes, out=os.path.join(args.dir, "tcp_bench.out"))
-    rows.append(("raw TCP loopback, receiver writes the file", nbytes, tcp_file))
+    # Every repetition materializes a fresh handle (so its digests are
+    # cold), fetches it cold in both formats, in an order of its own, then
+    # runs the other paths in a shuffled order of their own: no path always
+    # follows the same one, and every ratio compares medians of the same
+    # repetitions.
+    times = {}
+    sizes = {}
+
+    def record(name, size, t):
+        times.setdefault(name, []).append(t)
+        sizes[name] = size
 
     cap = f"{args.gib + 2}GiB"
+    out = os.path.join(args.dir, "fetch_bench.out")
     with serverproc.running_server(cpu_capacity=cap) as server:
         req = server.parse_request(json.dumps({"model": {"tensors": [
             {"name": "w", "shape": [args.gib, 1024, 1024, 256],
              "dtype": "float32"}],
             "initRules": [{"pattern": "*", "init": {"ones": {}}}]}}))
-        handle = server.materialize(req, client="bench").handle
-        out = os.path.join(args.dir, "fetch_bench.out")
-        t, size = discard_fetch(server, handle, "safetensors")
-        rows.append(("FetchWeights, C++ client discards (cold digest)", size, t))
-        t, size = discard_fetch(server, handle, "safetensors")
-        rows.append(("FetchWeights, C++ client discards (cached digest)", size, t))
-        for fmt in ("safetensors", "torch"):
-            t, size = matctl_fetch(server, handle, out, fmt)
-            rows.append((f"matctl fetch --format={fmt}, cold digest", size, t))
-            t, size = matctl_fetch(server, handle, out, fmt)
-            rows.append((f"matctl fetch --format={fmt}, cached digest", size, t))
-        server.release(handle, client="bench")
+        for rep in range(args.reps):
+            rng = random.Random(rep)
+            handle = server.materialize(req, client="bench").handle
+            cold = [("FetchWeights, C++ client discards (cold digest)",
+                     lambda: discard_fetch(server, handle, "safetensors")),
+                    ("matctl fetch --format=torch, cold digest",
+                     lambda: matctl_fetch(server, handle, out, "torch"))]
+            rng.shuffle(cold)
+            for name, run in cold:
+                t, size = run()
+                record(name, size, t)
+            paths = [
+                ("raw TCP loopback (sendall -> recv_into, discard)",
+                 lambda: (raw_tcp(nbytes), nbytes)),
+                ("raw TCP loopback, receiver writes the file",
+                 lambda: (raw_tcp(nbytes, out=os.path.join(args.dir, "tcp_bench.out")),
+                          nbytes)),
+                ("FetchWeights, C++ client discards (cached digest)",
+                 lambda: discard_fetch(server, handle, "safetensors")),
+                ("matctl fetch --format=safetensors, cached digest",
+                 lambda: matctl_fetch(server, handle, out, "safetensors")),
+                ("matctl fetch --format=torch, cached digest",
+                 lambda: matctl_fetch(server, handle, out, "torch")),
+            ]
+            rng.shuffle(paths)
+            for name, run in paths:
+                t, size = run()
+                record(name, size, t)
+            server.release(handle, client="bench")
+            print(f"rep {rep + 1}: " + ", ".join(
+                f"{n.split(' (')[0][:28]} {times[n][-1]:.2f} s" for n in times),
+                file=sys.stderr)
+        save, load, size = torch_save_load(args.gib, os.path.join(args.dir, "bench.pt"))
+        record("torch.save + torch.load (file)", size, save + load)
 
-    save, load, size = torch_save_load(args.gib, os.path.join(args.dir, "bench.pt"))
-    rows.append(("torch.save + torch.load (file)", size, save + load))
-
-    print(f"machine: {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores; {args.gib} GiB handle; files in {args.dir}")
-    print()
-    print("| path | bytes | seconds | GB/s | vs raw TCP | vs torch.save+load |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    torch_rate = rows[-1][1] / rows[-1][2]
-    tcp_rate = nbytes / tcp
-    for name, size, t in rows:
-        rate = size / t
-        print(f"| {name} | {size} | {t:.2f} | {rate / 1e9:.2f} | "
-              f"{rate / tcp_rate:.0%} | {rate / torch_rate:.2f}x |")
-    print(f"\ntorch.save {save:.2f} s + torch.load {load:.2f} s")
+    med = statistics.median
+    order = ["raw TCP loopback (sendall -> recv_into, discard)",
+             "raw TCP loopback, receiver writes the file",
+             "FetchWeights, C++ client discards (cold digest)",
+             "FetchWeights, C++ client discards (cached digest)",
+             "matctl fetch --format=safetensors, cached digest",
+             "matctl fetch --format=torch, cold digest",
+             "matctl fetch --format=torch, cached digest",
+             "torch.save + torch.load (file)"]
+    tcp_rate = nbytes / med(times[order[0]])
+    torch_rate = sizes[order[-1]] / med(times[order[-1]])
+    lines = [f"{args.gib} GiB handle (one float32 tensor), files in {args.dir}; "
+             f"{args.reps} interleaved repetitions, median seconds (min-max), GB/s at the "
+             "median; ratios of medians (torch.save + load: one run, after them).", "",
+             "| path | bytes | seconds | GB/s | vs raw TCP | vs torch.save+load |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name in order:
+        ts = times[name]
+        rate = sizes[name] / med(ts)
+        lines.append(f"| {name} | {sizes[name]:,} | {med(ts):.2f} ({min(ts):.2f}-{max(ts):.2f}) "
+                     f"| {rate / 1e9:.2f} | **{rate / tcp_rate:.0%}** | "
+                     f"{rate / torch_rate:.2f}x |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import run as bench_run
+        mach = bench_run.machine()
+        command = " ".join([".venv/bin/python", "bench/fetch_throughput.py"]
+                           + [shlex.quote(a) for a in sys.argv[1:]])
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        key = re.sub(r"[^a-z0-9]+", "-", f"fetch {mach['cpu']} {mach['cores']}c".lower())
+        body = "\n".join([f"## Fetch throughput: {mach['cpu']}, {mach['cores']} cores, "
+                          f"{mach['ram']}", "", f"- command: `{command}` "
+                          "(or `./dev bench fetch --write`)", f"- date: {date}",
+                          f"- commit {bench_run.git_commit()}", "", table])
+        bench_run.write_results(key.strip("-"), body, mark="bench/fetch_throughput.py")
 
 
 if __name__ == "__main__":
