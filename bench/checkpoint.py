@@ -65,6 +65,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "python"))
 
 import run as bench_run  # noqa: E402  (Service, machine, git_commit, write_results)
+from sdk import raw_tcp, write_once  # noqa: E402  (the trainer SDK bench's own)
 
 NAME = "llama-1b"
 PATHS = ("hf bf16", "sdk bf16", "hf fp32", "sdk fp32")
@@ -100,13 +101,6 @@ def write_checkpoint(folder):
 
 def files_of(folder):
     return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-
-
-def write_once(model):
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        torch._foreach_mul_([p for p in model.parameters()], 1.0)
-    return time.perf_counter() - t0
 
 
 def hf_load(folder, dtype):
@@ -256,11 +250,10 @@ def main():
                     writes[p].append(write)
                     phases[p].append(ph)
             if args.stream and timed:
-                import sdk as sdk_bench
                 for what in random.Random(2000 + i).sample(["stream", "tcp"], 2):
                     gc.collect()
                     if what == "tcp":
-                        stream["tcp"].append(sdk_bench.raw_tcp(nbytes))
+                        stream["tcp"].append(raw_tcp(nbytes))
                     else:
                         call, load = sdk_stream(client)
                         stream["call"].append(call)

@@ -30,21 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
-from checkpoint import config, write_once  # noqa: E402
-
-
-def rss_peak_reset():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return status("VmRSS")
-
-
-def status(key):
-    with open("/proc/self/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
+from checkpoint import config  # noqa: E402
+from sdk import _status as status, rss_peak_reset, write_once  # noqa: E402
 
 
 def shard_rows(model, mesh, rank, world):
