@@ -17,11 +17,14 @@ REPO = os.path.dirname(os.path.dirname(HERE))
     ("sharded.py", "shards of 2 ranks add up to model fingerprint"),
 ])
 def test_example(server, script, expect):
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"))
+    # PYTHONFAULTHANDLER: a rank that dies of a signal prints every thread's
+    # Python stack, so a failure here says where it happened.
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "python"), PYTHONFAULTHANDLER="1")
     out = subprocess.run([sys.executable, os.path.join(REPO, "examples", script),
                           "--server", server.address], capture_output=True, text=True,
                          env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, (f"exit {out.returncode}\nstdout:\n{out.stdout[-2000:]}"
+                                 f"\nstderr:\n{out.stderr[-4000:]}")
     assert expect in out.stdout
     if script == "sharded.py":
         lines = out.stdout.splitlines()
