@@ -58,7 +58,7 @@ def mat_cc_fuzz_target(name, srcs, deps = [], copts = [], corpus_size = "medium"
 
     Defines
       :<name>_lib          the target itself, as a library
-      :<name>              under --config=fuzz (clang, ./dev fuzz): a libFuzzer
+      :<name>              under --config=asan (clang, ./dev fuzz): a libFuzzer
                            binary; otherwise a replay binary that runs the
                            inputs named on its command line (files or
                            folders), so a finding reproduces with g++ too
@@ -81,11 +81,11 @@ def mat_cc_fuzz_target(name, srcs, deps = [], copts = [], corpus_size = "medium"
         name = name,
         testonly = True,
         deps = [":" + name + "_lib"] + select({
-            "//bazel:fuzz": [],
+            "//bazel:asan": [],
             "//conditions:default": ["//fuzz:replay_main"],
         }) + _TSAN_DEPS,
         linkopts = select({
-            "//bazel:fuzz": ["-fsanitize=fuzzer"],
+            "//bazel:asan": ["-fsanitize=fuzzer"],
             "//conditions:default": [],
         }),
     )

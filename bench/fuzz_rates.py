@@ -57,7 +57,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--bin-dir", default=os.path.join(
-        REPO, ".build", "bazel-fuzz", "execroot", "materializer", "bazel-out", "k8-dbg",
+        REPO, ".build", "bazel-asan", "execroot", "materializer", "bazel-out", "k8-dbg",
         "bin", "fuzz"))
     ap.add_argument("--write", action="store_true")
     ap.add_argument("targets", nargs="*")

@@ -1,8 +1,11 @@
-"""Runs libFuzzer targets built by `./dev fuzz` (--config=fuzz) for a bounded
+"""Runs libFuzzer targets built by `./dev fuzz` (--config=asan) for a bounded
 time each and reports executions and findings.
 
-    python3 fuzz/run.py --bin-dir DIR --seconds S [--junit OUT.xml]
+    python3 fuzz/run.py --bin-dir DIR --seconds S [--jobs J] [--junit OUT.xml]
         [--keep-going] [TARGET...] [libFuzzer flags]
+
+Targets run J at a time (default: one per core); each libFuzzer process
+uses one core.
 
 Each target fuzzes into a working corpus under .build/fuzz/<target>/corpus
 (kept between runs, not committed), seeded by the committed
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
+from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(REPO, ".build", "fuzz")
@@ -133,8 +137,10 @@ def main():
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bin-dir", required=True,
-                        help="folder holding the --config=fuzz binaries")
+                        help="folder holding the --config=asan binaries")
     parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="targets fuzzed at once (default: one per core)")
     parser.add_argument("--junit", help="write a JUnit XML report here")
     parser.add_argument("--keep-going", action="store_true",
                         help="fork mode: keep fuzzing after a finding "
@@ -146,23 +152,30 @@ def main():
     if args.keep_going:
         extra = ["-fork=1", "-ignore_crashes=1", "-ignore_timeouts=1",
                  "-ignore_ooms=1", *extra]
-    results = []
+    binaries = {}
     for target in targets:
-        binary = os.path.join(args.bin_dir, target)
-        if not os.path.exists(binary):
-            sys.exit(f"no fuzz binary {binary} (unknown target {target}?)")
-        print(f"[fuzz] {target} for {args.seconds} s", flush=True)
-        r = run_target(binary, target, args.seconds, extra)
-        results.append(r)
-        print(f"[fuzz] {summary(r)}", flush=True)
-        for finding in r["findings"]:
-            rel = os.path.relpath(finding, REPO)
-            print(f"[fuzz]   finding {rel}\n"
-                  f"[fuzz]     replay: {os.path.relpath(binary, REPO)} {rel}"
-                  f"\n[fuzz]     or (g++): bazel run //fuzz:{target} -- "
-                  f"$PWD/{rel}")
-        if not passed(r):
-            print(r["tail"][-1500:], flush=True)
+        binaries[target] = os.path.join(args.bin_dir, target)
+        if not os.path.exists(binaries[target]):
+            sys.exit(f"no fuzz binary {binaries[target]} (unknown target {target}?)")
+    jobs = max(1, min(args.jobs, len(targets)))
+    print(f"[fuzz] {len(targets)} targets for {args.seconds} s each, {jobs} at a time",
+          flush=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(run_target, binaries[t], t, args.seconds, extra)
+                   for t in targets]
+        results = []
+        for target, future in zip(targets, futures):   # reported in order
+            r = future.result()
+            results.append(r)
+            print(f"[fuzz] {summary(r)}", flush=True)
+            for finding in r["findings"]:
+                rel = os.path.relpath(finding, REPO)
+                print(f"[fuzz]   finding {rel}\n"
+                      f"[fuzz]     replay: {os.path.relpath(binaries[target], REPO)} {rel}"
+                      f"\n[fuzz]     or (g++): bazel run //fuzz:{target} -- "
+                      f"$PWD/{rel}")
+            if not passed(r):
+                print(r["tail"][-1500:], flush=True)
     if args.junit:
         write_junit(results, args.junit)
     return 0 if all(passed(r) for r in results) else 1

@@ -55,7 +55,9 @@ int SignedOverflow() {
   return result == 0 ? 2 : 0;
 }
 
-void* lost;
+// volatile: the stores and with them the allocation stay (clang may
+// otherwise drop a new whose pointer is overwritten unused).
+char* volatile lost;
 
 int Leak() {
   lost = new char[4096];

@@ -23,9 +23,11 @@ TEST(ThreadPoolTest, RunsEveryScheduledClosureBeforeDestruction) {
 }
 
 TEST(ThreadPoolTest, RunsClosuresConcurrently) {
-  ThreadPool pool(2);
+  // State the closures touch outlives the pool (declared first, destroyed
+  // after the pool's destructor has joined its workers).
   absl::Notification first_started;
   absl::Notification second_ran;
+  ThreadPool pool(2);
   pool.Schedule("a", [&] {
     first_started.Notify();
     // Only finishes if another worker runs the second closure meanwhile.
@@ -37,19 +39,20 @@ TEST(ThreadPoolTest, RunsClosuresConcurrently) {
 }
 
 TEST(ThreadPoolTest, NonPositiveSizeStillGetsOneWorker) {
+  absl::Notification ran;
   ThreadPool pool(0);
   EXPECT_EQ(pool.num_threads(), 1);
-  absl::Notification ran;
   pool.Schedule([&] { ran.Notify(); });
   EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(30)));
 }
 
 TEST(ThreadPoolTest, OneKeyNeverHoldsEveryWorker) {
-  ThreadPool pool(3);  // at most 2 closures of one key at once
-  EXPECT_EQ(pool.max_running_per_key(), 2);
   absl::Notification release;
   std::atomic<int> heavy_running{0};
   std::atomic<int> heavy_peak{0};
+  absl::Notification light_ran;
+  ThreadPool pool(3);  // at most 2 closures of one key at once
+  EXPECT_EQ(pool.max_running_per_key(), 2);
   for (int i = 0; i < 10; ++i) {
     pool.Schedule("heavy", [&] {
       const int now = heavy_running.fetch_add(1) + 1;
@@ -61,7 +64,6 @@ TEST(ThreadPoolTest, OneKeyNeverHoldsEveryWorker) {
     });
   }
   // Ten heavy closures are queued ahead, yet the light one runs now.
-  absl::Notification light_ran;
   pool.Schedule("light", [&] { light_ran.Notify(); });
   EXPECT_TRUE(light_ran.WaitForNotificationWithTimeout(absl::Seconds(30)));
   release.Notify();
@@ -70,11 +72,11 @@ TEST(ThreadPoolTest, OneKeyNeverHoldsEveryWorker) {
 }
 
 TEST(ThreadPoolTest, KeysAreServedRoundRobin) {
-  ThreadPool pool(1);
   absl::Notification gate;
-  pool.Schedule("gate", [&] { gate.WaitForNotification(); });
   absl::Mutex mu;
   std::vector<std::string> order;
+  ThreadPool pool(1);
+  pool.Schedule("gate", [&] { gate.WaitForNotification(); });
   auto record = [&](std::string what) {
     return [&mu, &order, what] {
       absl::MutexLock lock(&mu);
@@ -101,15 +103,15 @@ TEST(ThreadPoolTest, TryScheduleRefusesAFullQueue) {
   ThreadPool::Options options;
   options.threads = 1;
   options.max_queued_per_key = 2;
-  ThreadPool pool(options);
   absl::Notification started;
   absl::Notification gate;
+  std::atomic<int> ran{0};
+  ThreadPool pool(options);
   pool.Schedule("x", [&] {
     started.Notify();
     gate.WaitForNotification();
   });
   started.WaitForNotification();
-  std::atomic<int> ran{0};
   // The running closure does not count; two may wait.
   EXPECT_TRUE(pool.TrySchedule("x", [&] { ran.fetch_add(1); }));
   EXPECT_TRUE(pool.TrySchedule("x", [&] { ran.fetch_add(1); }));

@@ -14,8 +14,6 @@
 namespace materializer::service {
 namespace {
 
-constexpr char kMethod[] = "Attach";
-
 absl::Status ParseAttachRequest(const grpc::ByteBuffer& raw,
                                 v1::AttachRequest* request) {
   if (raw.Length() > kMaxAttachRequestBytes) {
