@@ -42,19 +42,11 @@ def mat_cc_binary(name, copts = [], deps = [], **kwargs):
         **kwargs
     )
 
-# Test sources (not the libraries they test) compile at -O1 in the optimized
-# build: they are half of the files, and -O2 buys a test nothing but compile
-# time.
-_TEST_OPT = select({
-    "//bazel:opt": ["-O1"],
-    "//conditions:default": [],
-})
-
 def mat_cc_test(name, copts = [], deps = [], data = [], size = "small", **kwargs):
     """A GoogleTest binary; main() comes from gmock_main."""
     native.cc_test(
         name = name,
-        copts = MAT_COPTS + _TEST_OPT + copts,
+        copts = MAT_COPTS + copts,
         size = size,
         deps = deps + ["@system_gtest//:gtest_main"] + _TSAN_DEPS,
         data = data + _ASAN_DATA,

@@ -7,10 +7,7 @@ torch.load of the same state dict through a file, in one run, as ratios.
         //proto:materializer_py
     .venv/bin/python bench/fetch_throughput.py [--gib 4] [--dir /dev/shm] [--reps 5] [--write]
 
-Raw TCP runs twice: sending one 4 MiB buffer over and over (it stays in
-the CPU's caches; the ceiling of loopback), and sending each byte of a
-buffer of the handle's size once (every byte read from memory, as the server reads its
-arena). Two clients: `bench/fetch_discard` (the C++ client library; counts and
+Two clients: `bench/fetch_discard` (the C++ client library; counts and
 digests the bytes and drops them: the transport, next to raw TCP that also
 discards) and `matctl fetch` (writes OUT.partial, verifies the XXH3-128
 digest of every byte, renames: next to raw TCP whose receiver writes the
@@ -47,15 +44,11 @@ os.environ.setdefault("MATERIALIZER_PY_PROTO",
 MATCTL = os.path.join(REPO, "bazel-bin", "client", "matctl")
 DISCARD = os.path.join(REPO, "bazel-bin", "bench", "fetch_discard")
 GIB = 1 << 30
-WHOLE = "raw TCP loopback, each byte from memory once (sendall of the whole buffer, discard)"
 
 
-def raw_tcp(nbytes, buf=4 << 20, out=None, source=None):
+def raw_tcp(nbytes, buf=4 << 20, out=None):
     """Seconds to stream `nbytes` from memory over loopback TCP; the
-    receiver discards them, or writes them to the file `out`. The sender
-    sends one `buf`-byte buffer over and over (it stays in the CPU's
-    caches), or each byte of `source` (at least nbytes, filled: every byte
-    comes from memory once, as a server's arena does)."""
+    receiver discards them, or writes them to the file `out`."""
     payload = memoryview(bytearray(os.urandom(1 << 20)) * (buf >> 20))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -89,7 +82,7 @@ def raw_tcp(nbytes, buf=4 << 20, out=None, source=None):
     sent = 0
     while sent < nbytes:
         n = min(buf, nbytes - sent)
-        s.sendall(payload[:n] if source is None else source[sent:sent + n])
+        s.sendall(payload[:n])
         sent += n
     s.shutdown(socket.SHUT_WR)
     t.join()
@@ -162,12 +155,6 @@ def main():
         times.setdefault(name, []).append(t)
         sizes[name] = size
 
-    # The whole-buffer source for raw TCP, filled (untouched pages would all
-    # read the one zero page, from cache).
-    source = memoryview(bytearray(nbytes))
-    block = os.urandom(1 << 20)
-    for at in range(0, nbytes, len(block)):
-        source[at:at + len(block)] = block[:nbytes - at]
     cap = f"{args.gib + 2}GiB"
     out = os.path.join(args.dir, "fetch_bench.out")
     with serverproc.running_server(cpu_capacity=cap) as server:
@@ -189,8 +176,6 @@ def main():
             paths = [
                 ("raw TCP loopback (sendall -> recv_into, discard)",
                  lambda: (raw_tcp(nbytes), nbytes)),
-                (WHOLE,
-                 lambda: (raw_tcp(nbytes, source=source), nbytes)),
                 ("raw TCP loopback, receiver writes the file",
                  lambda: (raw_tcp(nbytes, out=os.path.join(args.dir, "tcp_bench.out")),
                           nbytes)),
@@ -214,7 +199,6 @@ def main():
 
     med = statistics.median
     order = ["raw TCP loopback (sendall -> recv_into, discard)",
-             WHOLE,
              "raw TCP loopback, receiver writes the file",
              "FetchWeights, C++ client discards (cold digest)",
              "FetchWeights, C++ client discards (cached digest)",
@@ -223,20 +207,18 @@ def main():
              "matctl fetch --format=torch, cached digest",
              "torch.save + torch.load (file)"]
     tcp_rate = nbytes / med(times[order[0]])
-    whole_rate = nbytes / med(times[WHOLE])
     torch_rate = sizes[order[-1]] / med(times[order[-1]])
     lines = [f"{args.gib} GiB handle (one float32 tensor), files in {args.dir}; "
              f"{args.reps} interleaved repetitions, median seconds (min-max), GB/s at the "
              "median; ratios of medians (torch.save + load: one run, after them).", "",
-             "| path | bytes | seconds | GB/s | vs raw TCP | vs raw TCP, bytes from memory "
-             "| vs torch.save+load |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| path | bytes | seconds | GB/s | vs raw TCP | vs torch.save+load |",
+             "|---|---:|---:|---:|---:|---:|"]
     for name in order:
         ts = times[name]
         rate = sizes[name] / med(ts)
         lines.append(f"| {name} | {sizes[name]:,} | {med(ts):.2f} ({min(ts):.2f}-{max(ts):.2f}) "
                      f"| {rate / 1e9:.2f} | **{rate / tcp_rate:.0%}** | "
-                     f"**{rate / whole_rate:.0%}** | {rate / torch_rate:.2f}x |")
+                     f"{rate / torch_rate:.2f}x |")
     table = "\n".join(lines)
     print(table)
     if args.write:
