@@ -12,7 +12,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/chunk_decoder.h"
 #include "client/session.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -20,14 +19,6 @@
 #include "server/common/status_macros.h"
 
 namespace materializer::client {
-
-std::string FetchedChunk::CopyData() const {
-  std::string out;
-  out.reserve(data_size);
-  for (absl::string_view piece : data) out.append(piece.data(), piece.size());
-  return out;
-}
-
 namespace {
 
 absl::Status ValidateOptions(const ClientOptions& options) {
@@ -61,9 +52,8 @@ absl::Status ValidateOptions(const ClientOptions& options) {
 
 // Checks one chunk against the stream so far (see Client::Fetch).
 absl::Status CheckChunk(const v1::FetchRequest& request,
-                        const v1::WeightChunk& chunk, uint64_t data_size,
-                        bool first, uint64_t expected_offset,
-                        uint64_t total_bytes) {
+                        const v1::WeightChunk& chunk, bool first,
+                        uint64_t expected_offset, uint64_t total_bytes) {
   if (chunk.offset() != expected_offset) {
     if (first) {
       return absl::DataLossError(absl::StrCat(
@@ -81,9 +71,9 @@ absl::Status CheckChunk(const v1::FetchRequest& request,
         total_bytes, " to ", chunk.total_bytes(), " at byte ", chunk.offset()));
   }
   if (chunk.offset() > chunk.total_bytes() ||
-      data_size > chunk.total_bytes() - chunk.offset()) {
+      chunk.data().size() > chunk.total_bytes() - chunk.offset()) {
     return absl::DataLossError(absl::StrCat(
-        "fetch of ", request.handle(), ": the chunk of ", data_size,
+        "fetch of ", request.handle(), ": the chunk of ", chunk.data().size(),
         " bytes at byte ", chunk.offset(), " runs past the end of the ",
         chunk.total_bytes(), "-byte file"));
   }
@@ -208,18 +198,15 @@ absl::StatusOr<FetchResult> FetchIntoPartial(
   bool started = false;
   absl::StatusOr<FetchResult> total = client.Fetch(
       request,
-      [&](const FetchedChunk& chunk) -> absl::Status {
+      [&](const v1::WeightChunk& chunk) -> absl::Status {
         if (!started) {
           started = true;
           if (options.progress) options.progress(start, chunk.total_bytes());
         }
-        uint64_t at = chunk.offset();
-        for (absl::string_view piece : chunk.data) {
-          RETURN_IF_ERROR(WriteAllAt(file.fd(), piece, at, partial));
-          at += piece.size();
-        }
+        RETURN_IF_ERROR(
+            WriteAllAt(file.fd(), chunk.data(), chunk.offset(), partial));
         if (options.progress) {
-          options.progress(chunk.offset() + chunk.data_size,
+          options.progress(chunk.offset() + chunk.data().size(),
                            chunk.total_bytes());
         }
         return absl::OkStatus();
@@ -613,7 +600,7 @@ absl::StatusOr<std::vector<FromReplica<v1::ServerInfo>>> Client::Replicas() {
 
 absl::StatusOr<FetchResult> Client::Fetch(
     const v1::FetchRequest& request,
-    const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
+    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
     delivery::Hasher* prefix) {
   ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Replica>> replicas,
                    replicas_->ForId(request.handle()));
@@ -643,15 +630,12 @@ absl::StatusOr<FetchResult> Client::Fetch(
 
 absl::StatusOr<FetchResult> Client::FetchFrom(
     Replica& replica, const v1::FetchRequest& request,
-    const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
+    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
     delivery::Hasher* prefix, bool* received) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.fetch_timeout);
-  // Messages as received: the data is hashed and handed on from gRPC's own
-  // slices (client/chunk_decoder.h), one pass over the bytes fewer than
-  // parsing them into v1::WeightChunk.
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader =
-      replica.FetchWeightsRaw(&context, request);
+  std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
+      replica.stub().FetchWeights(&context, request);
 
   // The whole file's digest, when every byte before the offset is in
   // `prefix` (or there is none).
@@ -662,44 +646,30 @@ absl::StatusOr<FetchResult> Client::FetchFrom(
   } else if (prefix != nullptr && prefix->length() == request.offset()) {
     hasher = prefix;
   }
-  grpc::ByteBuffer message;
-  DecodedChunk chunk;
+  v1::WeightChunk chunk;
   bool first = true;
   uint64_t next_offset = request.offset();
   uint64_t total_bytes = 0;
   std::string digest;
   // Why we stopped reading before the server finished, if we did.
   absl::Status stopped;
-  while (reader->Read(&message)) {
+  while (reader->Read(&chunk)) {
     *received = true;
-    stopped = DecodeWeightChunk(message, &chunk);
-    if (!stopped.ok()) {
-      stopped = absl::DataLossError(absl::StrCat(
-          "fetch of ", request.handle(), " after byte ", next_offset, ": ",
-          stopped.message()));
-      break;
-    }
-    stopped = CheckChunk(request, chunk.fields, chunk.data_size, first,
-                         next_offset, total_bytes);
-    if (stopped.ok()) {
-      stopped = on_chunk(FetchedChunk{chunk.fields, chunk.data,
-                                      chunk.data_size});
-    }
+    stopped = CheckChunk(request, chunk, first, next_offset, total_bytes);
+    if (stopped.ok()) stopped = on_chunk(chunk);
     if (!stopped.ok()) break;
-    if (hasher != nullptr) {
-      for (absl::string_view piece : chunk.data) hasher->Update(piece);
-    }
+    if (hasher != nullptr) hasher->Update(chunk.data());
     first = false;
-    total_bytes = chunk.fields.total_bytes();
-    next_offset = chunk.fields.offset() + chunk.data_size;
-    if (!chunk.fields.digest().empty()) digest = chunk.fields.digest();
+    total_bytes = chunk.total_bytes();
+    next_offset = chunk.offset() + chunk.data().size();
+    if (!chunk.digest().empty()) digest = chunk.digest();
   }
   if (!stopped.ok()) {
     context.TryCancel();
     // Finish may only follow the last Read; after the cancel the remaining
     // reads fail fast, and Finish reports CANCELLED, which says less than
     // the reason we already have.
-    while (reader->Read(&message)) {
+    while (reader->Read(&chunk)) {
     }
     reader->Finish().IgnoreError();
     return stopped;

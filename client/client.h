@@ -88,22 +88,6 @@ struct ClientOptions {
   absl::Duration keepalive = absl::Seconds(10);
 };
 
-// One chunk of a fetch, as Client::Fetch hands it to its callback. Its
-// data stays in the message gRPC received (no byte is copied on the way):
-// `data` views it in pieces, valid only during the call.
-struct FetchedChunk {
-  // Every field of the chunk but data (fields.data() is empty).
-  const v1::WeightChunk& fields;
-  // The data, in order; data_size bytes in all.
-  const std::vector<absl::string_view>& data;
-  uint64_t data_size;
-
-  uint64_t offset() const { return fields.offset(); }
-  uint64_t total_bytes() const { return fields.total_bytes(); }
-  // The data as one string (a copy: for tests and small fetches).
-  std::string CopyData() const;
-};
-
 // What a fetch delivered.
 struct FetchResult {
   // Size of the whole file (WeightChunk.total_bytes).
@@ -189,8 +173,7 @@ class Client {
 
   // Streams the file of `request.handle()` from `request.offset()` and calls
   // `on_chunk` for each chunk, in order, on the calling thread. The bytes
-  // delivered are total_bytes minus request.offset(). The chunks' data is
-  // not copied out of the received messages (FetchedChunk).
+  // delivered are total_bytes minus request.offset().
   //
   // Every chunk is checked before `on_chunk` sees it: the first starts at
   // request.offset(), each next one where the previous ended, total_bytes
@@ -205,7 +188,7 @@ class Client {
   // FetchToFile). `prefix` is consumed.
   absl::StatusOr<FetchResult> Fetch(
       const v1::FetchRequest& request,
-      const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
+      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
       delivery::Hasher* prefix = nullptr);
 
   const ClientOptions& options() const { return options_; }
@@ -244,7 +227,7 @@ class Client {
 
   absl::StatusOr<FetchResult> FetchFrom(
       Replica& replica, const v1::FetchRequest& request,
-      const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
+      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
       delivery::Hasher* prefix, bool* received);
 
   const ClientOptions options_;

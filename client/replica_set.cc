@@ -23,18 +23,7 @@ Replica::Replica(
       channel_(std::move(channel)),
       prepare_(std::move(prepare)),
       stub_(v1::Materializer::NewStub(channel_)),
-      health_stub_(grpc::health::v1::Health::NewStub(channel_)),
-      fetch_method_name_(absl::StrCat(
-          "/", v1::Materializer::service_full_name(), "/FetchWeights")),
-      fetch_method_(fetch_method_name_.c_str(),
-                    grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
-
-std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> Replica::FetchWeightsRaw(
-    grpc::ClientContext* context, const v1::FetchRequest& request) {
-  return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
-      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-          channel_.get(), fetch_method_, context, request));
-}
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
 
 Replica::~Replica() {
   absl::MutexLock lock(&mu_);

@@ -33,9 +33,6 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/impl/rpc_method.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/sync_stream.h"
 #include "materializer/v1/materializer.grpc.pb.h"
 
 namespace materializer::client {
@@ -63,12 +60,6 @@ class Replica {
   const std::string& address() const { return address_; }
 
   v1::Materializer::Stub& stub() { return *stub_; }
-  // FetchWeights with its responses left as received (grpc::ByteBuffer, for
-  // client/chunk_decoder.h), where the stub would parse them into
-  // v1::WeightChunk and copy every data byte doing so. The reader is built
-  // the way generated stubs build theirs.
-  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> FetchWeightsRaw(
-      grpc::ClientContext* context, const v1::FetchRequest& request);
   grpc::health::v1::Health::Stub& health() { return *health_stub_; }
 
   // The session this client holds on this replica (an Attach stream),
@@ -86,10 +77,6 @@ class Replica {
   const std::function<void(grpc::ClientContext*, absl::Duration)> prepare_;
   const std::unique_ptr<v1::Materializer::Stub> stub_;
   const std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
-  // "/materializer.v1.Materializer/FetchWeights", registered on channel_
-  // (fetch_method_ keeps a pointer to the name).
-  const std::string fetch_method_name_;
-  const grpc::internal::RpcMethod fetch_method_;
 
   absl::Mutex mu_;
   // Guards session_; declared after the stubs it uses, so it ends first.
