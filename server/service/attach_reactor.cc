@@ -34,7 +34,7 @@ class AttachReactor final
         caller_(std::move(caller)),
         observer_(std::move(observer)) {
     ReactionScope reaction(this);
-    StartRead(&raw_request_);
+    HandOffToGrpc([&] { StartRead(&raw_request_); });
   }
 
   void OnReadDone(bool ok) override {
@@ -42,7 +42,8 @@ class AttachReactor final
     if (!ok) {
       // The client closed its side (or the stream broke): the lease ends.
       Detach();
-      Finish(observer_.End(absl::OkStatus()));
+      grpc::Status ended = observer_.End(absl::OkStatus());
+      HandOffToGrpc([&] { Finish(std::move(ended)); });
       return;
     }
     v1::AttachRequest request;
@@ -50,11 +51,12 @@ class AttachReactor final
     raw_request_.Clear();
     if (!parsed.ok()) {
       Detach();
-      Finish(observer_.End(parsed));
+      grpc::Status ended = observer_.End(parsed);
+      HandOffToGrpc([&] { Finish(std::move(ended)); });
       return;
     }
     if (attached()) {  // a heartbeat
-      StartRead(&raw_request_);
+      HandOffToGrpc([&] { StartRead(&raw_request_); });
       return;
     }
     absl::StatusOr<registry::SessionTable::Attached> attached =
@@ -64,7 +66,8 @@ class AttachReactor final
             : sessions_->Resume(caller_.identity, request.resume_token(),
                                 absl::Now());
     if (!attached.ok()) {
-      Finish(observer_.End(attached.status()));
+      grpc::Status ended = observer_.End(attached.status());
+      HandOffToGrpc([&] { Finish(std::move(ended)); });
       return;
     }
     {
@@ -84,20 +87,22 @@ class AttachReactor final
             absl::ToInt64Microseconds(sessions_->grace()));
     if (absl::Status s = SerializeMessage(response, &raw_response_); !s.ok()) {
       Detach();
-      Finish(observer_.End(s));
+      grpc::Status ended = observer_.End(s);
+      HandOffToGrpc([&] { Finish(std::move(ended)); });
       return;
     }
-    StartWrite(&raw_response_);
+    HandOffToGrpc([&] { StartWrite(&raw_response_); });
   }
 
   void OnWriteDone(bool ok) override {
     ReactionScope reaction(this);
     if (!ok) {
       Detach();
-      Finish(observer_.End(absl::CancelledError("attach broken")));
+      grpc::Status ended = observer_.End(absl::CancelledError("attach broken"));
+      HandOffToGrpc([&] { Finish(std::move(ended)); });
       return;
     }
-    StartRead(&raw_request_);
+    HandOffToGrpc([&] { StartRead(&raw_request_); });
   }
 
   // The client went away (killed, network lost, deadline) or the server is
@@ -160,7 +165,8 @@ class RefusedAttach final
  public:
   RefusedAttach(const absl::Status& status, CallObserver observer) {
     ReactionScope reaction(this);
-    Finish(observer.End(status));
+    grpc::Status ended = observer.End(status);
+    HandOffToGrpc([&] { Finish(std::move(ended)); });
   }
   void OnDone() override {
     HappensAfter(this);

@@ -51,8 +51,7 @@ void ReleaseKeepalive(void* user_data) {
 // a time and owns stream_ while it runs.
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(ThreadPool* workers, std::string client,
-               CallObserver observer)
+  FetchReactor(ThreadPool* workers, std::string client, CallObserver observer)
       : workers_(workers),
         client_(std::move(client)),
         observer_(std::move(observer)) {}
@@ -61,7 +60,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   FetchReactor(const absl::Status& status, CallObserver observer)
       : observer_(std::move(observer)) {
     ReactionScope reaction(this);
-    Finish(observer_.End(status));
+    grpc::Status ended = observer_.End(status);
+    HandOffToGrpc([&] { Finish(std::move(ended)); });
   }
 
   // Queues the open; false if the client's queue is full (nothing queued).
@@ -93,7 +93,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void Refuse(const absl::Status& status) {
     ReactionScope reaction(this);
-    Finish(observer_.End(status));
+    grpc::Status ended = observer_.End(status);
+    HandOffToGrpc([&] { Finish(std::move(ended)); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -204,7 +205,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (!step.chunk) {
       grpc::Status ended = observer_.End(step.status);
       HappensBefore(this);
-      Finish(std::move(ended));
+      HandOffToGrpc([&] { Finish(std::move(ended)); });
       return;
     }
     {
@@ -217,7 +218,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       workers_->Schedule(client_, [this] { Produce(); });
     }
     HappensBefore(this);
-    StartWrite(&buffer_);
+    HandOffToGrpc([&] { StartWrite(&buffer_); });
   }
 
   ThreadPool* const workers_ = nullptr;

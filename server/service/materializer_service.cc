@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/happens_before.h"
 #include "server/common/status_macros.h"
 #include "server/service/attach_reactor.h"
 #include "server/service/call_observer.h"
@@ -85,7 +86,8 @@ grpc::ServerUnaryReactor* MaterializerService::Unary(
   absl::StatusOr<engine::Caller> caller =
       authenticator_->Authenticate(*context);
   if (!caller.ok()) {
-    reactor->Finish(observer.End(caller.status()));
+    grpc::Status refused = observer.End(caller.status());
+    HandOffToGrpc([&] { reactor->Finish(std::move(refused)); });
     return reactor;
   }
   observer.SetCaller(*caller);
@@ -95,11 +97,13 @@ grpc::ServerUnaryReactor* MaterializerService::Unary(
   auto work = [reactor, request, response, observer,
                cancelled = CancelledBy(context), call = std::move(call),
                caller = std::move(*caller)]() mutable {
-    reactor->Finish(observer.End(RunUnary<Request>(
-        *request, response, caller, cancelled, &observer, call)));
+    grpc::Status status = observer.End(RunUnary<Request>(
+        *request, response, caller, cancelled, &observer, call));
+    HandOffToGrpc([&] { reactor->Finish(std::move(status)); });
   };
   if (!workers_->TrySchedule(client, std::move(work))) {
-    reactor->Finish(observer.End(QueueFull(client, *workers_)));
+    grpc::Status full = observer.End(QueueFull(client, *workers_));
+    HandOffToGrpc([&] { reactor->Finish(std::move(full)); });
   }
   return reactor;
 }
@@ -147,16 +151,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* MaterializerService::FetchWeights(
   Cancelled cancelled = CancelledBy(context);
   return StartFetch(
       workers_, client,
-      [this, raw, cancelled, caller = std::move(*caller)](
-          CallObserver* observer)
+      [this, raw, cancelled,
+       caller = std::move(*caller)](CallObserver* observer)
           -> absl::StatusOr<std::unique_ptr<delivery::WeightStream>> {
         v1::FetchRequest request;
         RETURN_IF_ERROR(ParseMessage(*raw, &request));
         observer->SetRequest(request);
         return engine_->OpenFetch(caller, request, cancelled);
       },
-      cancelled,
-      QueueFull(client, *workers_), std::move(observer));
+      cancelled, QueueFull(client, *workers_), std::move(observer));
 }
 
 grpc::ServerUnaryReactor* MaterializerService::DescribeFile(
