@@ -8,7 +8,9 @@
 #include <string>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"

@@ -1,6 +1,13 @@
 #include "server/init/apply.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/count_nonzero.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/eye.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 

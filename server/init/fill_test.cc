@@ -1,6 +1,19 @@
 #include "server/init/fill.h"
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/diag.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/eye.h>
+#include <ATen/ops/linalg_qr.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ScalarOps.h>
 

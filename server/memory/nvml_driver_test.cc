@@ -7,7 +7,9 @@
 
 #include <cstdio>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include "gtest/gtest.h"
 #include "server/memory/caching_allocator.h"
