@@ -26,11 +26,17 @@ _ASAN_DATA = select({
     "//conditions:default": [],
 })
 
-def mat_cc_library(name, copts = [], visibility = None, **kwargs):
+# Our libraries are only ever linked statically into binaries and tests
+# (--dynamic_mode=off). linkstatic = True says so to Bazel: without it
+# `bazel build //...` also links each library into a .so nobody uses
+# (and .bazelrc's --features=-supports_pic keeps it from compiling their
+# sources twice).
+def mat_cc_library(name, copts = [], visibility = None, linkstatic = True, **kwargs):
     native.cc_library(
         name = name,
         copts = MAT_COPTS + copts,
         visibility = visibility or ["//bazel:internal"],
+        linkstatic = linkstatic,
         **kwargs
     )
 
@@ -75,6 +81,7 @@ def mat_cc_fuzz_target(name, srcs, deps = [], copts = [], corpus_size = "medium"
         deps = deps,
         # Only main() refers to LLVMFuzzerTestOneInput.
         alwayslink = True,
+        linkstatic = True,  # no unused .so (see mat_cc_library)
         **kwargs
     )
     native.cc_binary(

@@ -39,6 +39,7 @@ def cc_grpc_library(name, srcs, deps = [], visibility = None):
         # -isystem: generated code is not held to our warning flags.
         includes = ["."],
         copts = ["-w"],
+        linkstatic = True,  # no unused .so (see mat_cc_library)
         deps = deps + [
             "@system_grpc//:grpc++",
             "@system_protobuf//:protobuf",
