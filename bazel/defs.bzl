@@ -31,12 +31,12 @@ _ASAN_DATA = select({
 # `bazel build //...` also links each library into a .so nobody uses
 # (and .bazelrc's --features=-supports_pic keeps it from compiling their
 # sources twice).
-def mat_cc_library(name, copts = [], visibility = None, linkstatic = True, **kwargs):
+def mat_cc_library(name, copts = [], visibility = None, **kwargs):
     native.cc_library(
         name = name,
         copts = MAT_COPTS + copts,
         visibility = visibility or ["//bazel:internal"],
-        linkstatic = linkstatic,
+        linkstatic = True,
         **kwargs
     )
 
