@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -64,36 +67,76 @@ absl::StatusOr<std::shared_ptr<const ExportImport>> ExportImport::Open(
   std::shared_ptr<ExportImport> import(new ExportImport);
   import->size_ = response.arena_bytes();
   if (response.has_shared_memory()) {
-    const std::string& path = response.shared_memory().path();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("opening the export ", path,
-                              " (was its handle released?)"));
+    // The files the arena is made of, mapped back to back into one range
+    // (one file unless the server built the arena from its pool).
+    struct Segment {
+      std::string path;
+      uint64_t offset;
+      uint64_t bytes;
+    };
+    std::vector<Segment> segments;
+    for (const v1::SharedMemorySegment& s : response.shared_memory().segments()) {
+      segments.push_back({s.path(), s.offset(), s.bytes()});
     }
-    struct stat st;
-    if (::fstat(fd, &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) < response.arena_bytes()) {
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat(
-          path, " is smaller than the export's ", response.arena_bytes(),
-          " bytes"));
+    if (segments.empty()) {  // a server from before segments
+      segments.push_back({response.shared_memory().path(), 0, import->size_});
     }
-    if (response.arena_bytes() > 0) {
-      void* pages = ::mmap(nullptr, response.arena_bytes(),
-                           writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                           writable ? MAP_PRIVATE : MAP_SHARED, fd, 0);
-      if (pages == MAP_FAILED) {
-        const int error = errno;
-        ::close(fd);
-        return absl::ErrnoToStatus(error, absl::StrCat("mapping ", path));
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    uint64_t covered = 0;
+    for (const Segment& s : segments) {
+      if (s.offset != covered || (segments.size() > 1 && s.offset % page != 0)) {
+        return absl::DataLossError(absl::StrCat(
+            "segment ", s.path, " starts at ", s.offset, ", expected ",
+            covered, " (page-aligned)"));
       }
-      import->mapping_ = pages;
-      import->mapping_bytes_ = response.arena_bytes();
-      import->base_ = pages;
+      covered += s.bytes;
     }
-    // The mapping keeps the pages; the descriptor is not needed.
-    ::close(fd);
+    if (covered != import->size_) {
+      return absl::DataLossError(absl::StrCat(
+          "the export's segments cover ", covered, " bytes, not its ",
+          import->size_));
+    }
+    const uint64_t mapped = (import->size_ + page - 1) / page * page;
+    std::byte* base = nullptr;
+    if (mapped > 0) {
+      void* region = ::mmap(nullptr, mapped, PROT_NONE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (region == MAP_FAILED) {
+        return absl::ErrnoToStatus(errno, "reserving the export's range");
+      }
+      base = static_cast<std::byte*>(region);
+      // Owned by the import from here: its destructor unmaps the range.
+      import->mapping_ = region;
+      import->mapping_bytes_ = mapped;
+      import->base_ = region;
+    }
+    for (const Segment& s : segments) {
+      const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) {
+        return absl::ErrnoToStatus(
+            errno, absl::StrCat("opening the export ", s.path,
+                                " (was its handle released?)"));
+      }
+      struct stat st;
+      if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < s.bytes) {
+        ::close(fd);
+        return absl::DataLossError(absl::StrCat(
+            s.path, " is smaller than the export's ", s.bytes, " bytes there"));
+      }
+      if (s.bytes > 0) {
+        void* pages = ::mmap(base + s.offset, s.bytes,
+                             writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                             (writable ? MAP_PRIVATE : MAP_SHARED) | MAP_FIXED,
+                             fd, 0);
+        if (pages == MAP_FAILED) {
+          const int error = errno;
+          ::close(fd);
+          return absl::ErrnoToStatus(error, absl::StrCat("mapping ", s.path));
+        }
+      }
+      // The mapping keeps the pages; the descriptor is not needed.
+      ::close(fd);
+    }
   } else if (response.has_cuda()) {
     const CudaRuntime* cuda = Runtime();
     if (cuda == nullptr) {

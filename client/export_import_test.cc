@@ -106,5 +106,60 @@ TEST(ExportImportTest, TensorOutsideTheArenaIsDataLoss) {
                        ::testing::HasSubstr("lies outside")));
 }
 
+// A file of `bytes` bytes, byte i = (i + seed) mod 251.
+std::string WritePattern(const std::string& name, size_t bytes, int seed) {
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/", name, ".segment");
+  std::string data(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>((i + seed) % 251);
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  EXPECT_EQ(::write(fd, data.data(), data.size()),
+            static_cast<ssize_t>(data.size()));
+  ::close(fd);
+  return path;
+}
+
+// An arena of several files (a server with a shared-memory pool): mapped
+// back to back, so a tensor across the boundary reads both files' bytes.
+TEST(ExportImportTest, SegmentsAreMappedBackToBack) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const std::string first = WritePattern("first", page, 0);
+  const std::string second = WritePattern("second", 300, 7);
+  v1::ExportResponse response;
+  response.set_export_id("x-segments");
+  v1::SharedMemoryExport* shm = response.mutable_shared_memory();
+  shm->set_path(first);
+  v1::SharedMemorySegment* a = shm->add_segments();
+  a->set_path(first);
+  a->set_offset(0);
+  a->set_bytes(page);
+  v1::SharedMemorySegment* b = shm->add_segments();
+  b->set_path(second);
+  b->set_offset(page);
+  b->set_bytes(300);
+  response.set_arena_bytes(page + 300);
+  v1::ExportedTensor* t = response.add_tensors();
+  t->set_name("across");
+  t->set_dtype("uint8");
+  t->add_shape(16);
+  t->set_offset(page - 8);
+  t->set_nbytes(16);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const ExportImport> import,
+                       ExportImport::Open(response));
+  const auto* bytes = static_cast<const unsigned char*>(import->tensors()[0].data);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(bytes[i], (page - 8 + i) % 251) << i;      // end of the first
+    EXPECT_EQ(bytes[8 + i], (i + 7) % 251) << 8 + i;     // start of the second
+  }
+  // Segments that leave a gap, or do not add up to the arena, are refused.
+  b->set_offset(page * 2);
+  EXPECT_THAT(ExportImport::Open(response),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("expected")));
+  b->set_offset(page);
+  response.set_arena_bytes(page + 400);
+  EXPECT_THAT(ExportImport::Open(response),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("cover")));
+}
+
 }  // namespace
 }  // namespace materializer::client

@@ -112,6 +112,15 @@ ABSL_FLAG(std::string, checkpoint_cache_bytes, "2GiB",
           "first), so the ranks and jobs of a node read a file once; not "
           "charged to any client's quota; 0 keeps none");
 
+ABSL_FLAG(std::string, shm_pool_bytes, "0",
+          "shared memory kept resident while the server is idle, so that "
+          "an exportable CPU arena (a co-located trainer's) does not wait "
+          "for fresh pages; the server's memory, not charged to any "
+          "client's quota; 0 keeps none (docs/operations.md)");
+ABSL_FLAG(absl::Duration, shm_pool_quiet, absl::Seconds(1),
+          "how long after the last Materialize the shared-memory pool may "
+          "start refilling");
+
 namespace {
 
 // Words of `text` in lines of at most `width` characters, each starting
@@ -229,6 +238,8 @@ int main(int argc, char** argv) {
   options.checkpoint_roots = absl::GetFlag(FLAGS_checkpoint_roots);
   options.checkpoint_readers = absl::GetFlag(FLAGS_checkpoint_readers);
   options.checkpoint_cache_bytes = absl::GetFlag(FLAGS_checkpoint_cache_bytes);
+  options.shm_pool_bytes = absl::GetFlag(FLAGS_shm_pool_bytes);
+  options.shm_pool_quiet = absl::GetFlag(FLAGS_shm_pool_quiet);
   if (options.metrics_client_labels < 0) {
     std::cerr << "materializerd: --metrics_client_labels must be >= 0\n";
     return 2;

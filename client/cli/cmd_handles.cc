@@ -154,7 +154,17 @@ absl::Status RunExport(Invocation& invocation) {
   Table summary;
   summary.AddRow({"export", response.export_id()});
   if (response.has_shared_memory()) {
-    summary.AddRow({"shared memory", response.shared_memory().path()});
+    const auto& segments = response.shared_memory().segments();
+    if (segments.size() <= 1) {
+      summary.AddRow({"shared memory", response.shared_memory().path()});
+    } else {
+      // The arena is these files back to back (a server's pool).
+      for (const auto& segment : segments) {
+        summary.AddRow({"shared memory",
+                        absl::StrCat(segment.path(), " @ ", segment.offset(),
+                                     " (", segment.bytes(), " bytes)")});
+      }
+    }
   } else {
     summary.AddRow({"cuda device",
                     absl::StrCat("cuda:", response.cuda().device_ordinal(),

@@ -48,6 +48,11 @@ def _libc():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         libc.madvise.restype = ctypes.c_int
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mmap.restype = ctypes.c_void_p
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.munmap.restype = ctypes.c_int
         _LIBC = libc
     return _LIBC
 
@@ -84,6 +89,55 @@ def _populate_shared(address, size):
         w.join()
     return not failed
 
+_PROT_NONE, _PROT_READ, _PROT_WRITE = 0, 1, 2
+_MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x01, 0x02, 0x10, 0x20
+_MAP_NORESERVE = 0x4000
+
+
+def _check_segments(segments, size):
+    """The segments must cover [0, size) back to back, each starting on a
+    page (a file maps only at a page-aligned address)."""
+    at = 0
+    for seg_path, offset, nbytes in segments:
+        if offset != at or (len(segments) > 1 and offset % mmap.PAGESIZE):
+            raise ValueError(f"segment {seg_path} starts at {offset}, expected {at} "
+                             f"(page-aligned)")
+        at += nbytes
+    if at != size:
+        raise ValueError(f"the export's segments cover {at} bytes, not its {size}")
+
+
+def _map_segments(fds, segments, size, mode):
+    """Maps each segment's file at its offset of one reserved range and
+    returns a buffer over the range; the range is unmapped when the last
+    tensor viewing it goes (torch.frombuffer keeps the buffer alive)."""
+    import ctypes
+    import weakref
+    libc = _libc()
+    page = mmap.PAGESIZE
+    mapped = (size + page - 1) // page * page
+    base = libc.mmap(None, mapped, _PROT_NONE,
+                     _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+    if base in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), f"reserving {size} bytes of address space")
+    prot = _PROT_READ if mode == "read-only" else _PROT_READ | _PROT_WRITE
+    flags = (_MAP_PRIVATE if mode == "private" else _MAP_SHARED) | _MAP_FIXED
+    try:
+        for fd, (seg_path, offset, nbytes) in zip(fds, segments):
+            if nbytes == 0:
+                continue
+            length = (nbytes + page - 1) // page * page
+            got = libc.mmap(base + offset, length, prot, flags, fd, 0)
+            if got != base + offset:
+                raise OSError(ctypes.get_errno(), f"mapping {seg_path}")
+    except BaseException:
+        libc.munmap(base, mapped)
+        raise
+    buffer = (ctypes.c_uint8 * size).from_address(base)
+    weakref.finalize(buffer, libc.munmap, base, mapped)
+    return buffer
+
+
 _DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -114,38 +168,55 @@ class SharedMemoryImport:
                 "torch.cuda and the C++ helper client/export_import.h)")
         path = export.shared_memory.path
         size = int(export.arena_bytes)
-        fd = None
+        segments = [(s.path, int(s.offset), int(s.bytes))
+                    for s in export.shared_memory.segments]
+        if not segments:   # a server from before segments: one file
+            segments = [(path, 0, size)]
+        _check_segments(segments, size)
+        fds = []
         populate = False
         self.mode = "read-only" if not writable else "private"
-        if writable == "shared":
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-                self.mode = "shared"
-            except PermissionError:
-                pass  # another user's file: copy-on-write instead
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
-            if os.fstat(fd).st_size < size:
-                raise ValueError(f"{path} is smaller than the export's "
-                                 f"{size} bytes")
+            if writable == "shared":
+                try:
+                    for seg_path, _, _ in segments:
+                        fds.append(os.open(seg_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW))
+                    self.mode = "shared"
+                except PermissionError:
+                    for fd in fds:   # another user's file: copy-on-write instead
+                        os.close(fd)
+                    fds = []
+            if not fds:
+                for seg_path, _, _ in segments:
+                    fds.append(os.open(seg_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+            for fd, (seg_path, _, seg_bytes) in zip(fds, segments):
+                if os.fstat(fd).st_size < seg_bytes:
+                    raise ValueError(f"{seg_path} is smaller than the export's "
+                                     f"{seg_bytes} bytes there")
             if size == 0:
                 self._map = None
+            elif len(segments) > 1:
+                # Several files (a server's shared-memory pool): mapped back
+                # to back into one reserved range.
+                self._map = _map_segments(fds, segments, size, self.mode)
+                populate = self.mode == "shared"
             elif self.mode == "shared":
                 # Populated now: the pages are the server's, already
                 # resident, so this maps them without a fault per page, on
                 # several threads (MAP_POPULATE would be one).
-                self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                self._map = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED,
                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 populate = True
             elif self.mode == "private":
-                self._map = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                self._map = mmap.mmap(fds[0], size, flags=mmap.MAP_PRIVATE,
                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
             else:
-                self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                self._map = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED,
                                       prot=mmap.PROT_READ)
         finally:
-            os.close(fd)  # the mapping keeps the pages
+            for fd in fds:
+                os.close(fd)  # the mappings keep the pages
+        self.segments = segments
         self.path = path
         self.export_id = export.export_id
         self.size = size
@@ -158,7 +229,8 @@ class SharedMemoryImport:
                 warnings.simplefilter("ignore", UserWarning)
                 self.base = torch.frombuffer(self._map, dtype=torch.uint8)
             if populate and not _populate_shared(self.base.data_ptr(), size):
-                self._map.madvise(mmap.MADV_WILLNEED)   # an older kernel
+                # An older kernel: ask for read-ahead instead.
+                _libc().madvise(self.base.data_ptr(), size, mmap.MADV_WILLNEED)
         self.tensors = collections.OrderedDict()
         for t in export.tensors:
             dtype = _DTYPES.get(t.dtype)

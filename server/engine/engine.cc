@@ -130,9 +130,11 @@ google::protobuf::Timestamp ToProto(absl::Time time) {
       absl::ToUnixMicros(time));
 }
 
-memory::ArenaOptions ArenaOptionsFor(const registry::HandleSpec& spec) {
+memory::ArenaOptions ArenaOptionsFor(const registry::HandleSpec& spec,
+                                     memory::SharedMemoryPool* shm_pool) {
   memory::ArenaOptions options;
   options.shared_memory = spec.exportable;
+  options.shared_memory_pool = shm_pool;
   return options;
 }
 
@@ -145,15 +147,19 @@ absl::Status Build(registry::Handle& handle,
                    const PartLayouts* parts,
                    const std::vector<init::ResolvedInit>& inits,
                    const load::LoadPlan* load, load::RangeCache* cache,
+                   memory::SharedMemoryPool* shm_pool,
                    v1::CheckpointReport* report, v1::PhaseTimings* timings,
                    const Cancelled& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
+  // The pool's refill waits while this runs: it would take a core from
+  // the init.
+  memory::SharedMemoryPool::Active active(shm_pool);
   const absl::Time allocate_start = absl::Now();
   std::unique_ptr<memory::Arena> arena;
   if (parts == nullptr) {
     ASSIGN_OR_RETURN(arena, memory::Arena::Allocate(
                                 std::move(reservations.front()), spec.tensors,
-                                spec.layout, ArenaOptionsFor(spec)));
+                                spec.layout, ArenaOptionsFor(spec, shm_pool)));
   } else {
     // Split: one arena per device, seen as one.
     std::vector<std::unique_ptr<memory::Arena>> allocated;
@@ -466,13 +472,14 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     // the workers (common/thread_pool.h).
     workers_->Schedule(caller.identity, [handle, moved_reservations, parts,
                                          inits, load_plan, cache, start,
+                                         shm_pool = options_.shm_pool,
                                          before = *timings,
                                          metrics = options_.metrics] {
       v1::PhaseTimings build = before;
       v1::CheckpointReport report;  // no one to tell; Describe says more
       absl::Status status =
           Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
-                load_plan.get(), cache, &report, &build,
+                load_plan.get(), cache, shm_pool, &report, &build,
                 /*cancelled=*/[handle] { return handle->released(); });
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
@@ -491,7 +498,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   absl::Status status =
       Build(*handle, std::move(reservations), parts.get(),
             prepared.resolution.inits, load_plan.get(), cache,
-            load_plan != nullptr ? response.mutable_checkpoint() : nullptr,
+            options_.shm_pool, load_plan != nullptr ? response.mutable_checkpoint() : nullptr,
             timings, cancelled);
   if (!status.ok()) {
     registry_->Forget(handle->id());
@@ -733,6 +740,15 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
     out->set_bytes_read_from_files(cache.bytes_read_from_files);
     out->set_bytes_served_from_cache(cache.bytes_served_from_cache);
     out->set_evicted_bytes(cache.evicted_bytes);
+  }
+  if (options_.shm_pool != nullptr) {
+    const memory::SharedMemoryPool::Stats pool = options_.shm_pool->stats();
+    v1::SharedMemoryPoolStats* out = response.mutable_shm_pool();
+    out->set_target_bytes(pool.target_bytes);
+    out->set_bytes(pool.bytes);
+    out->set_taken_bytes(pool.taken_bytes_total);
+    out->set_filled_bytes(pool.filled_bytes_total);
+    out->set_last_error(pool.last_error);
   }
   return response;
 }

@@ -26,6 +26,7 @@
 #include "server/load/range_cache.h"
 #include "server/memory/gpu_report.h"
 #include "server/memory/pool.h"
+#include "server/memory/shm_pool.h"
 #include "server/metrics/metrics.h"
 #include "server/registry/registry.h"
 #include "server/registry/session.h"
@@ -63,6 +64,9 @@ struct EngineOptions {
   // no checkpoints (FAILED_PRECONDITION for a request that names one).
   const load::CheckpointOpener* checkpoint_opener = nullptr;
   load::RangeCache* checkpoint_cache = nullptr;
+  // Resident shared memory for exportable CPU arenas (--shm_pool_bytes);
+  // null: every such arena gets fresh pages.
+  memory::SharedMemoryPool* shm_pool = nullptr;
 };
 
 // Thread-safe. The pool, registry, worker pool and what `options` points to

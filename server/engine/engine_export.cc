@@ -67,14 +67,22 @@ absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
         handle->spec().device, "); exports cover one device's memory"));
   }
   if (arena->device().kind == memory::DeviceKind::kCpu) {
-    if (arena->shared_memory_path().empty()) {
+    if (!arena->shared_memory()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "handle ", handle->id(), " is on ", arena->device().name,
           " in private memory, which another process cannot map. "
           "Materialize it with exportable: true (MaterializeRequest."
           "exportable) to allocate it in shared memory, or fetch it"));
     }
-    response.mutable_shared_memory()->set_path(arena->shared_memory_path());
+    v1::SharedMemoryExport* shm = response.mutable_shared_memory();
+    for (const memory::SharedMemorySegment& segment :
+         arena->shared_memory_segments()) {
+      v1::SharedMemorySegment* out = shm->add_segments();
+      out->set_path(segment.path);
+      out->set_offset(segment.offset);
+      out->set_bytes(segment.bytes);
+    }
+    shm->set_path(arena->shared_memory_segments().front().path);
   } else {
     // Check the device before handing out anything: an IPC handle opens
     // only on the device that holds the memory.

@@ -1,11 +1,8 @@
 #include "server/memory/arena.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,7 +21,6 @@
 #include <c10/util/strides.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -33,60 +29,14 @@
 #include "server/common/torch_guard.h"
 #include "server/common/units.h"
 #include "server/memory/arena_views.h"
+#include "server/memory/shm_file.h"
 #include "server/spec/torch_dtype.h"
 
 namespace materializer::memory {
 namespace {
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack the name
-#endif
-
-// Pieces one populate call covers: large enough that the syscalls do not
-// count, small enough that the threads finish together.
-constexpr uint64_t kPopulateChunk = uint64_t{64} << 20;
-
-// Makes [pages, pages + bytes) resident and writable now, on several
-// threads, instead of one page fault at a time while init writes it.
-// Allocating and zeroing a page is the kernel's work either way; done here
-// it is batched (no trap per page), runs on every init thread, and a
-// shortage is an error now instead of a SIGBUS (shared memory) or the OOM
-// killer (anonymous) later (docs/architecture.md, "Host memory"). Returns
-// false where the kernel has no MADV_POPULATE_WRITE (before 5.14): nothing
-// was done.
-absl::StatusOr<bool> PopulateForWrite(std::byte* pages, uint64_t bytes,
-                                      absl::string_view what) {
-  if (bytes == 0) return true;
-  const uint64_t chunks = (bytes + kPopulateChunk - 1) / kPopulateChunk;
-  std::atomic<uint64_t> next{0};
-  std::atomic<int> error{0};
-  auto run = [&] {
-    for (uint64_t c = next++; c < chunks && error.load() == 0; c = next++) {
-      const uint64_t begin = c * kPopulateChunk;
-      const uint64_t length = std::min(kPopulateChunk, bytes - begin);
-      if (madvise(pages + begin, length, MADV_POPULATE_WRITE) != 0) {
-        int expected = 0;
-        error.compare_exchange_strong(expected, errno);
-      }
-    }
-  };
-  const int threads = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>(at::get_num_threads(), chunks)));
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < threads; ++t) helpers.emplace_back(run);
-  run();
-  for (std::thread& helper : helpers) helper.join();
-  switch (error.load()) {
-    case 0:
-      return true;
-    case EINVAL:  // an older kernel: the pages come on first write
-      return false;
-    default:  // EFAULT (a full /dev/shm would SIGBUS), ENOMEM, EINTR, ...
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot make ", FormatBytes(bytes), " of ", what,
-          " resident: ", std::strerror(error.load())));
-  }
-}
+// Every init thread helps make an arena resident.
+int PopulateThreads() { return std::max(1, at::get_num_threads()); }
 
 // Fresh anonymous pages: zero-filled by the kernel, page aligned, and
 // returned to the system on release (munmap), so a freed handle leaves no
@@ -109,7 +59,7 @@ absl::StatusOr<at::Tensor> AllocateHostStorage(uint64_t bytes,
         std::strerror(errno)));
   }
   absl::StatusOr<bool> populated = PopulateForWrite(
-      static_cast<std::byte*>(pages), bytes, "host memory");
+      static_cast<std::byte*>(pages), bytes, PopulateThreads(), "host memory");
   if (!populated.ok()) {
     munmap(pages, bytes);
     return populated.status();
@@ -253,142 +203,135 @@ absl::Status CudaError(absl::string_view what, int error) {
 }
 
 // ---------------------------------------------------------------------------
-// Shared-memory files.
+// Shared-memory arenas.
 // ---------------------------------------------------------------------------
 
-constexpr char kShmPrefix[] = "materializer-";
-// Files older than this that no live server holds are leftovers of a
-// crash and are removed (the age keeps a concurrently starting server's
-// fresh file safe between its create and its flock).
-constexpr absl::Duration kStaleAge = absl::Minutes(1);
-
-std::string RandomHex128() {
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::abort();  // no entropy: an unguessable name is impossible
-    }
-    filled += static_cast<size_t>(n);
-  }
-  std::string out;
-  for (unsigned char b : bytes) absl::StrAppend(&out, absl::Hex(b, absl::kZeroPad2));
-  return out;
+uint64_t RoundUpToPage(uint64_t bytes) {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
 }
 
-// Removes this user's shared-memory arenas that no live process holds (a
-// server that crashed leaves them behind, holding memory). Once per
-// directory per process.
-void SweepStaleFiles(const std::string& dir) {
-  static std::mutex mu;
-  static std::vector<std::string>* swept = new std::vector<std::string>;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const std::string& done : *swept) {
-      if (done == dir) return;
-    }
-    swept->push_back(dir);
-  }
-  DIR* listing = opendir(dir.c_str());
-  if (listing == nullptr) return;
-  const int64_t now = absl::ToUnixSeconds(absl::Now());
-  while (const dirent* entry = readdir(listing)) {
-    if (!absl::StartsWith(entry->d_name, kShmPrefix)) continue;
-    const std::string path = absl::StrCat(dir, "/", entry->d_name);
-    const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) continue;
-    struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_uid == geteuid() &&
-        now - st.st_mtime > absl::ToInt64Seconds(kStaleAge) &&
-        flock(fd, LOCK_EX | LOCK_NB) == 0) {
-      MLOG(WARNING) << "removing " << path
-                    << ": a shared-memory arena no live server holds";
-      unlink(path.c_str());
-    }
-    close(fd);
-  }
-  closedir(listing);
+// How many of the pool's slabs an arena of `bytes` takes: one per whole
+// slab, and one for the remainder unless it is under a quarter of a slab
+// (cutting a slab down to a sliver would waste the refill's work on it;
+// the sliver's fresh pages cost little).
+size_t SlabsFor(uint64_t bytes, uint64_t slab_bytes) {
+  const uint64_t remainder = bytes % slab_bytes;
+  return static_cast<size_t>(bytes / slab_bytes +
+                             (remainder >= slab_bytes / 4 ? 1 : 0));
 }
 
-// A fresh file of `bytes` zero bytes under `dir`, mapped shared. Its pages
-// are allocated up front (PopulateForWrite, else posix_fallocate), so a
-// full /dev/shm is an error now rather than a SIGBUS when init first
+// A shared-memory arena of `bytes` zero bytes: the pool's resident slabs
+// first (options.shared_memory_pool), then one fresh file for the rest,
+// all mapped shared into one contiguous range (mremap moves a slab's
+// mapping, page tables included, so its pages stay resident). The files
+// are the arena's segments, in order; the export lists them. Pages are
+// resident before this returns (PopulateForWrite, else posix_fallocate),
+// so a full /dev/shm is an error now rather than a SIGBUS when init first
 // touches a page.
 absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
-    uint64_t bytes, const std::string& dir, std::byte** data,
-    std::string* path, int* fd_out) {
-  SweepStaleFiles(dir);
-  const std::string name = absl::StrCat(dir, "/", kShmPrefix, RandomHex128());
-  const int fd = open(name.c_str(),
-                      O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot create shared memory ", name, ": ", std::strerror(errno)));
+    uint64_t bytes, const ArenaOptions& options, std::byte** data,
+    std::vector<SharedMemorySegment>* segments,
+    std::vector<int>* segment_fds) {
+  SharedMemoryPool* pool = options.shared_memory_pool;
+  const std::string& dir = pool != nullptr ? pool->dir()
+                                           : options.shared_memory_dir;
+  std::vector<SharedMemorySlab> slabs;
+  if (pool != nullptr && bytes > 0) {
+    slabs = pool->Take(SlabsFor(bytes, pool->slab_bytes()));
   }
+  std::vector<SharedMemoryFile> files;  // owned here until success
+  const uint64_t mapped = RoundUpToPage(bytes);
+  void* region = nullptr;
   auto fail = [&](absl::Status status) {
-    close(fd);
-    unlink(name.c_str());
+    if (region != nullptr) munmap(region, mapped);
+    for (SharedMemorySlab& slab : slabs) ReleaseSlab(slab);
+    for (SharedMemoryFile& file : files) CloseSharedMemoryFile(file);
     return status;
   };
-  // The umask may have cleared bits of 0600 but never adds any; make it
-  // exactly owner read-write.
-  if (fchmod(fd, 0600) != 0 || flock(fd, LOCK_SH) != 0) {
-    return fail(absl::InternalError(
-        absl::StrCat("preparing ", name, ": ", std::strerror(errno))));
-  }
-  void* pages = nullptr;
   if (bytes > 0) {
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    // Reserve the range; each segment's mapping replaces its part.
+    region = mmap(nullptr, mapped, PROT_NONE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region == MAP_FAILED) {
+      region = nullptr;
       return fail(absl::ResourceExhaustedError(absl::StrCat(
-          "cannot size ", name, " to ", FormatBytes(bytes), ": ",
+          "cannot reserve ", FormatBytes(bytes), " of address space: ",
           std::strerror(errno))));
     }
-    pages = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (pages == MAP_FAILED) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat(
-          "cannot map ", FormatBytes(bytes), " of shared memory: ",
+  }
+  auto* base = static_cast<std::byte*>(region);
+  uint64_t offset = 0;
+  for (SharedMemorySlab& slab : slabs) {
+    const uint64_t length = std::min(slab.bytes, bytes - offset);
+    const uint64_t length_mapped = RoundUpToPage(length);
+    if (mremap(slab.pages, slab.bytes, length_mapped,
+               MREMAP_MAYMOVE | MREMAP_FIXED, base + offset) == MAP_FAILED) {
+      return fail(absl::InternalError(absl::StrCat(
+          "moving a shared-memory slab into an arena: ",
           std::strerror(errno))));
     }
-    // Populated through the mapping rather than by posix_fallocate: tmpfs
-    // fallocate runs on one thread under the inode lock and leaves every
-    // page to be cleared at its first fault anyway.
-    absl::StatusOr<bool> populated = PopulateForWrite(
-        static_cast<std::byte*>(pages), bytes,
-        absl::StrCat("shared memory in ", dir));
-    int error = 0;
-    if (populated.ok() && !*populated) {
-      error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    slab.pages = nullptr;  // the region holds the mapping now
+    // A cut slab gives its tail pages back to the kernel.
+    if (length < slab.bytes &&
+        ftruncate(slab.fd, static_cast<off_t>(length)) != 0) {
+      return fail(absl::InternalError(absl::StrCat(
+          "cutting ", slab.path, " to ", length, " bytes: ",
+          std::strerror(errno))));
     }
-    if (!populated.ok() || error != 0) {
-      munmap(pages, bytes);
-      return fail(populated.ok()
-                      ? absl::ResourceExhaustedError(absl::StrCat(
-                            "cannot allocate ", FormatBytes(bytes),
-                            " of shared memory in ", dir, ": ",
-                            std::strerror(error)))
-                      : populated.status());
+    files.push_back(SharedMemoryFile{slab.path, slab.fd});
+    slab.fd = -1;
+    slab.path.clear();
+    segments->push_back(SharedMemorySegment{files.back().path, offset, length});
+    offset += length;
+  }
+  slabs.clear();
+  if (offset < bytes || bytes == 0) {
+    // The rest (all of it without a pool): a fresh file, populated here.
+    const uint64_t length = bytes - offset;
+    absl::StatusOr<SharedMemoryFile> file = CreateSharedMemoryFile(dir, length);
+    if (!file.ok()) return fail(file.status());
+    files.push_back(*file);
+    segments->push_back(SharedMemorySegment{file->path, offset, length});
+    if (length > 0) {
+      if (mmap(base + offset, RoundUpToPage(length), PROT_READ | PROT_WRITE,
+               MAP_SHARED | MAP_FIXED, file->fd, 0) == MAP_FAILED) {
+        return fail(absl::ResourceExhaustedError(absl::StrCat(
+            "cannot map ", FormatBytes(length), " of shared memory: ",
+            std::strerror(errno))));
+      }
+      // Populated through the mapping rather than by posix_fallocate: tmpfs
+      // fallocate runs on one thread under the inode lock and leaves every
+      // page to be cleared at its first fault anyway.
+      absl::StatusOr<bool> populated =
+          PopulateForWrite(base + offset, length, PopulateThreads(),
+                           absl::StrCat("shared memory in ", dir));
+      if (!populated.ok()) return fail(populated.status());
+      if (!*populated) {
+        const int error =
+            posix_fallocate(file->fd, 0, static_cast<off_t>(length));
+        if (error != 0) {
+          return fail(absl::ResourceExhaustedError(absl::StrCat(
+              "cannot allocate ", FormatBytes(length),
+              " of shared memory in ", dir, ": ", std::strerror(error))));
+        }
+      }
     }
   }
   at::Tensor storage;
   const absl::Status status = GuardTorch("wrapping the arena", [&] {
-    if (pages == nullptr) {
+    if (region == nullptr) {
       storage = at::empty({0}, at::TensorOptions().dtype(at::kByte));
     } else {
       storage = at::from_blob(
-          pages, {static_cast<int64_t>(bytes)},
-          [bytes](void* p) { munmap(p, bytes); },
+          region, {static_cast<int64_t>(bytes)},
+          [mapped](void* p) { munmap(p, mapped); },
           at::TensorOptions().dtype(at::kByte));
     }
   });
-  if (!status.ok()) {
-    if (pages != nullptr) munmap(pages, bytes);
-    return fail(status);
-  }
-  *data = static_cast<std::byte*>(pages);
-  *path = name;
-  *fd_out = fd;
+  if (!status.ok()) return fail(status);
+  for (const SharedMemoryFile& file : files) segment_fds->push_back(file.fd);
+  *data = base;
   return storage;
 }
 
@@ -449,15 +392,18 @@ Arena::Arena(DeviceConfig device, uint64_t bytes)
 Arena::~Arena() {
   UnlinkSharedMemory();
   // The views and the storage go first: the mapping (and a CUDA
-  // allocation) is freed before the descriptor and the ledger entry.
+  // allocation) is freed before the descriptors and the ledger entry.
   tensors_.reset();
-  if (shm_fd_ >= 0) close(shm_fd_);
+  for (int fd : shm_fds_) close(fd);
 }
 
 void Arena::UnlinkSharedMemory() const {
-  if (shm_path_.empty() || shm_unlinked_.exchange(true)) return;
-  if (unlink(shm_path_.c_str()) != 0 && errno != ENOENT) {
-    MLOG(WARNING) << "unlink " << shm_path_ << ": " << std::strerror(errno);
+  if (shm_segments_.empty() || shm_unlinked_.exchange(true)) return;
+  for (const SharedMemorySegment& segment : shm_segments_) {
+    if (unlink(segment.path.c_str()) != 0 && errno != ENOENT) {
+      MLOG(WARNING) << "unlink " << segment.path << ": "
+                    << std::strerror(errno);
+    }
   }
 }
 
@@ -520,10 +466,9 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Allocate(
   at::Tensor storage;
   if (device.kind == DeviceKind::kCpu && options.shared_memory) {
     ASSIGN_OR_RETURN(storage, AllocateSharedHostStorage(
-                                  layout.arena_bytes,
-                                  options.shared_memory_dir,
-                                  &arena->host_data_, &arena->shm_path_,
-                                  &arena->shm_fd_));
+                                  layout.arena_bytes, options,
+                                  &arena->host_data_, &arena->shm_segments_,
+                                  &arena->shm_fds_));
   } else if (device.kind == DeviceKind::kCpu) {
     ASSIGN_OR_RETURN(storage,
                      AllocateHostStorage(layout.arena_bytes, &arena->host_data_));

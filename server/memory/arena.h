@@ -12,9 +12,10 @@
 // and accounting are freed together, when the arena is destroyed.
 //
 // Zero-copy export (docs/delivery.md): a CPU arena allocated with
-// ArenaOptions::shared_memory lives in a 0600 file under /dev/shm with an
-// unguessable name, which a co-located process maps; a CUDA arena is its
-// own cudaMalloc allocation, so its IPC handle covers exactly the arena.
+// ArenaOptions::shared_memory lives in 0600 files under /dev/shm with
+// unguessable names (one, or several taken from a SharedMemoryPool, mapped
+// back to back), which a co-located process maps; a CUDA arena is its own
+// cudaMalloc allocation, so its IPC handle covers exactly the arena.
 
 #include <array>
 #include <atomic>
@@ -27,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "server/memory/device.h"
 #include "server/memory/pool.h"
+#include "server/memory/shm_pool.h"
 #include "server/spec/layout.h"
 #include "server/spec/tensor_desc.h"
 
@@ -41,6 +43,17 @@ struct ArenaOptions {
   bool shared_memory = false;
   // Where the files go; tests point it elsewhere.
   std::string shared_memory_dir = "/dev/shm";
+  // Resident files to build the arena from (and their directory, which
+  // then replaces shared_memory_dir); fresh pages make up the rest.
+  SharedMemoryPool* shared_memory_pool = nullptr;
+};
+
+// One file of a shared-memory arena: arena bytes [offset, offset + bytes)
+// are the file's bytes [0, bytes).
+struct SharedMemorySegment {
+  std::string path;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
 };
 
 // What an importer needs to open a CUDA arena (CudaIpcExport).
@@ -98,13 +111,17 @@ class Arena {
   // Copies arena bytes [offset, offset + length) to host memory at `dst`.
   absl::Status CopyToHost(uint64_t offset, uint64_t length, void* dst) const;
 
-  // The /dev/shm file holding a shared-memory CPU arena, else "". Still
-  // reported after UnlinkSharedMemory.
-  const std::string& shared_memory_path() const { return shm_path_; }
-  bool shared_memory_linked() const {
-    return !shm_path_.empty() && !shm_unlinked_.load();
+  // The /dev/shm files holding a shared-memory CPU arena, in arena order
+  // (covering it back to back), else empty. Still reported after
+  // UnlinkSharedMemory.
+  const std::vector<SharedMemorySegment>& shared_memory_segments() const {
+    return shm_segments_;
   }
-  // Removes the /dev/shm name (idempotent, thread-safe). Mappings made
+  bool shared_memory() const { return !shm_segments_.empty(); }
+  bool shared_memory_linked() const {
+    return !shm_segments_.empty() && !shm_unlinked_.load();
+  }
+  // Removes the /dev/shm names (idempotent, thread-safe). Mappings made
   // before stay valid; the pages go when the last mapping goes. The
   // destructor does it too.
   void UnlinkSharedMemory() const;
@@ -130,10 +147,10 @@ class Arena {
   std::byte* host_data_ = nullptr;
   // CUDA arenas allocated by cudaMalloc here (not LibTorch's cache).
   void* cuda_data_ = nullptr;
-  // Shared-memory CPU arenas: the file, and its descriptor (held with a
-  // shared flock, which marks the file as live for stale-file cleanup).
-  std::string shm_path_;
-  int shm_fd_ = -1;
+  // Shared-memory CPU arenas: the files, and their descriptors (held with
+  // a shared flock, which marks a file as live for stale-file cleanup).
+  std::vector<SharedMemorySegment> shm_segments_;
+  std::vector<int> shm_fds_;
   mutable std::atomic<bool> shm_unlinked_{false};
   std::unique_ptr<ArenaTensors> tensors_;
   // A combined arena: its parts (which own the memory and the ledger

@@ -4,11 +4,16 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
 
 #include "server/memory/arena_views.h"
 #include "tests/testing/status_matchers.h"
@@ -153,6 +158,98 @@ TEST(ArenaTest, PagesAreResidentBeforeInitWrites) {
     // And they read as zeros.
     const std::byte* p = arena->host_data();
     EXPECT_TRUE(p[0] == std::byte{0} && p[arena->bytes() - 1] == std::byte{0});
+  }
+}
+
+// With a pool, a shared arena is the pool's resident files mapped back to
+// back (the last one cut to what is left), plus a fresh file when the pool
+// runs short. Each segment's file holds exactly its arena bytes: what init
+// writes through the arena is what a reader of the files sees.
+TEST(ArenaTest, SharedArenaFromPoolSlabsIsTheFilesBackToBack) {
+  char dir[] = "/dev/shm/arena_pool_test_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  // Removed however the test ends (a failed assertion returns early).
+  struct RemoveDir {
+    const char* dir;
+    ~RemoveDir() {
+      if (system((std::string("rm -rf ") + dir).c_str()) != 0) {}
+    }
+  } remove_dir{dir};
+  constexpr uint64_t kSlab = uint64_t{1} << 20;
+  struct Case {
+    uint64_t pool_slabs;
+    int64_t bytes;
+    size_t segments;  // expected
+    size_t pooled;    // of them from the pool
+  };
+  // 3.5 slabs: 3 whole, the half is cut from a 4th. 3.1 slabs: the tenth
+  // is fresh. Pool of 2 for 3.5 slabs: 2 pooled, the rest fresh. A small
+  // arena: fresh, the pool untouched.
+  const Case cases[] = {{8, 3 * kSlab + kSlab / 2, 4, 4},
+                        {8, 3 * kSlab + kSlab / 10, 4, 3},
+                        {2, 3 * kSlab + kSlab / 2, 3, 2},
+                        {8, 4096 * 3, 1, 0}};
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.bytes << " bytes, pool of "
+                                      << c.pool_slabs);
+    SharedMemoryPool::Options pool_options;
+    pool_options.target_bytes = c.pool_slabs * kSlab;
+    pool_options.slab_bytes = kSlab;
+    pool_options.dir = dir;
+    pool_options.quiet = absl::ZeroDuration();
+    SharedMemoryPool shm_pool(pool_options);
+    ASSERT_TRUE(shm_pool.WaitUntilFull(absl::Seconds(30)));
+    auto pool = CpuPool(uint64_t{1} << 30);
+    const std::vector<TensorDesc> tensors = {
+        Desc("w", {c.bytes}, DType::kUInt8)};
+    ASSERT_OK_AND_ASSIGN(spec::Layout layout, spec::ComputeLayout(tensors));
+    ASSERT_OK_AND_ASSIGN(Reservation r,
+                         pool->Reserve("alice", "cpu", layout.arena_bytes));
+    ArenaOptions options;
+    options.shared_memory = true;
+    options.shared_memory_pool = &shm_pool;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Arena> arena,
+                         Arena::Allocate(std::move(r), tensors, layout, options));
+    EXPECT_EQ(shm_pool.stats().taken_bytes_total, c.pooled * kSlab);
+    const std::vector<SharedMemorySegment>& segments =
+        arena->shared_memory_segments();
+    ASSERT_EQ(segments.size(), c.segments);
+    EXPECT_EQ(ResidentPages(arena->host_data(), arena->bytes()),
+              (arena->bytes() + page - 1) / page);
+    // Zero, then a pattern written through the arena (as init does).
+    std::byte* data = const_cast<std::byte*>(arena->host_data());
+    bool zero = true;
+    for (uint64_t i = 0; i < arena->bytes(); ++i) zero &= data[i] == std::byte{0};
+    EXPECT_TRUE(zero);
+    for (uint64_t i = 0; i < arena->bytes(); ++i) {
+      data[i] = static_cast<std::byte>((i * 7 + i / 4096) & 0xFF);
+    }
+    uint64_t covered = 0;
+    std::vector<std::string> paths;
+    for (const SharedMemorySegment& s : segments) {
+      EXPECT_EQ(s.offset, covered);
+      covered += s.bytes;
+      paths.push_back(s.path);
+      const int fd = open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+      ASSERT_GE(fd, 0) << s.path;
+      struct stat st;
+      ASSERT_EQ(fstat(fd, &st), 0);
+      EXPECT_EQ(static_cast<uint64_t>(st.st_size), s.bytes) << s.path;
+      EXPECT_EQ(st.st_mode & 0777, 0600u);
+      std::vector<std::byte> read_back(s.bytes);
+      ASSERT_EQ(pread(fd, read_back.data(), s.bytes, 0),
+                static_cast<ssize_t>(s.bytes));
+      close(fd);
+      EXPECT_EQ(std::memcmp(read_back.data(), data + s.offset, s.bytes), 0)
+          << s.path;
+    }
+    EXPECT_EQ(covered, arena->bytes());
+    arena.reset();
+    for (const std::string& path : paths) {
+      EXPECT_NE(access(path.c_str(), F_OK), 0) << path << " outlived its arena";
+    }
+    EXPECT_EQ(pool->Snapshot().total.reserved_bytes, 0u);
   }
 }
 

@@ -404,6 +404,26 @@ std::vector<MetricFamily> Metrics::Impl::CollectState() const {
                              MetricType::Counter),
                   {}, static_cast<double>(cache.evicted_bytes));
   }
+  if (sources_.shm_pool) {
+    const ShmPoolFigures pool = sources_.shm_pool();
+    Snapshot::Add(out.Family("materializer_shm_pool_target_bytes",
+                             "Shared memory the pool keeps resident when the "
+                             "server is idle (--shm_pool_bytes)",
+                             MetricType::Gauge),
+                  {}, static_cast<double>(pool.target_bytes));
+    Snapshot::Add(out.Family("materializer_shm_pool_bytes",
+                             "Resident shared memory in the pool now",
+                             MetricType::Gauge),
+                  {}, static_cast<double>(pool.bytes));
+    Snapshot::Add(out.Family("materializer_shm_pool_taken_bytes_total",
+                             "Pool bytes handed to exportable arenas",
+                             MetricType::Counter),
+                  {}, static_cast<double>(pool.taken_bytes));
+    Snapshot::Add(out.Family("materializer_shm_pool_filled_bytes_total",
+                             "Shared memory the pool made resident",
+                             MetricType::Counter),
+                  {}, static_cast<double>(pool.filled_bytes));
+  }
   if (sources_.pool != nullptr) {
     const memory::PoolSnapshot snapshot = sources_.pool->Snapshot();
     auto& capacity = out.Family("materializer_device_capacity_bytes",

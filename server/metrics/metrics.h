@@ -56,6 +56,13 @@ struct CheckpointCacheFigures {
   uint64_t evicted_bytes = 0;
 };
 
+struct ShmPoolFigures {
+  uint64_t target_bytes = 0;
+  uint64_t bytes = 0;
+  uint64_t taken_bytes = 0;
+  uint64_t filled_bytes = 0;
+};
+
 struct StateSources {
   const memory::DevicePool* pool = nullptr;
   const registry::HandleRegistry* registry = nullptr;
@@ -63,6 +70,8 @@ struct StateSources {
   int client_labels = kDefaultClientLabels;
   // Called at each scrape; null: the server reads no checkpoints.
   std::function<CheckpointCacheFigures()> checkpoint_cache;
+  // Called at each scrape; null: no shared-memory pool.
+  std::function<ShmPoolFigures()> shm_pool;
 };
 
 // Thread-safe.

@@ -171,6 +171,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     server->checkpoint_cache_ =
         std::make_shared<load::RangeCache>(cache_options);
   }
+  absl::StatusOr<uint64_t> shm_pool_bytes = ParseBytes(options.shm_pool_bytes);
+  if (!shm_pool_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shm_pool_bytes: ", shm_pool_bytes.status().message()));
+  }
+  if (*shm_pool_bytes > 0) {
+    memory::SharedMemoryPool::Options pool_options;
+    pool_options.target_bytes = *shm_pool_bytes;
+    pool_options.quiet = options.shm_pool_quiet;
+    if (pool_options.target_bytes < pool_options.slab_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--shm_pool_bytes: ", options.shm_pool_bytes,
+          " is less than one slab (", FormatBytes(pool_options.slab_bytes),
+          "); use 0 for no pool"));
+    }
+    server->shm_pool_ =
+        std::make_shared<memory::SharedMemoryPool>(pool_options);
+  }
   metrics::StateSources sources;
   sources.pool = server->pool_.get();
   sources.registry = server->registry_.get();
@@ -185,6 +203,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       figures.read_bytes = stats.bytes_read_from_files;
       figures.served_bytes = stats.bytes_served_from_cache;
       figures.evicted_bytes = stats.evicted_bytes;
+      return figures;
+    };
+  }
+  if (server->shm_pool_ != nullptr) {
+    sources.shm_pool = [pool = server->shm_pool_] {
+      const memory::SharedMemoryPool::Stats stats = pool->stats();
+      metrics::ShmPoolFigures figures;
+      figures.target_bytes = stats.target_bytes;
+      figures.bytes = stats.bytes;
+      figures.taken_bytes = stats.taken_bytes_total;
+      figures.filled_bytes = stats.filled_bytes_total;
       return figures;
     };
   }
@@ -214,6 +243,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   engine::EngineOptions engine_options;
   engine_options.checkpoint_opener = server->checkpoint_opener_.get();
   engine_options.checkpoint_cache = server->checkpoint_cache_.get();
+  engine_options.shm_pool = server->shm_pool_.get();
   engine_options.sessions = server->sessions_.get();
   engine_options.default_ttl = options.default_ttl;
   engine_options.metrics = server->metrics_.get();

@@ -23,6 +23,7 @@
 #include "server/load/range_cache.h"
 #include "server/memory/device.h"
 #include "server/memory/pool.h"
+#include "server/memory/shm_pool.h"
 #include "server/service/auth.h"
 
 namespace grpc {
@@ -114,6 +115,11 @@ struct ServerOptions {
   std::string checkpoint_roots;
   std::string checkpoint_readers;
   std::string checkpoint_cache_bytes = "2GiB";
+  // Shared memory kept resident for exportable CPU arenas while idle
+  // (memory/shm_pool.h): "0" (none), "8GiB", ...; and how long after the
+  // last Materialize its refill may start.
+  std::string shm_pool_bytes = "0";
+  absl::Duration shm_pool_quiet = absl::Seconds(1);
 };
 
 // Thread-safe.
@@ -176,6 +182,7 @@ class Server {
   std::unique_ptr<load::RootsOpener> checkpoint_opener_;
   // Shared with the metrics, which read it at each scrape.
   std::shared_ptr<load::RangeCache> checkpoint_cache_;
+  std::shared_ptr<memory::SharedMemoryPool> shm_pool_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<ThreadPool> workers_;
   std::unique_ptr<MaterializerService> service_;

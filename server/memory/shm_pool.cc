@@ -1,0 +1,198 @@
+#include "server/memory/shm_pool.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/common/log.h"
+#include "server/memory/shm_file.h"
+
+namespace materializer::memory {
+namespace {
+
+// After a failed refill (a full /dev/shm, say) the next try waits this
+// long, unless a Take makes room first.
+constexpr absl::Duration kRetryAfterError = absl::Seconds(10);
+
+// A fresh slab: a file of `bytes`, mapped shared and made resident on one
+// thread (the refill must not take the cores a request could use).
+absl::StatusOr<SharedMemorySlab> NewSlab(const std::string& dir,
+                                         uint64_t bytes) {
+  absl::StatusOr<SharedMemoryFile> file = CreateSharedMemoryFile(dir, bytes);
+  if (!file.ok()) return file.status();
+  SharedMemorySlab slab;
+  slab.path = file->path;
+  slab.fd = file->fd;
+  slab.bytes = bytes;
+  void* pages =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slab.fd, 0);
+  if (pages == MAP_FAILED) {
+    const int error = errno;
+    ReleaseSlab(slab);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map a shared-memory slab: ", std::strerror(error)));
+  }
+  slab.pages = static_cast<std::byte*>(pages);
+  absl::StatusOr<bool> populated =
+      PopulateForWrite(slab.pages, bytes, /*threads=*/1,
+                       absl::StrCat("shared memory in ", dir));
+  int error = 0;
+  if (populated.ok() && !*populated) {
+    error = posix_fallocate(slab.fd, 0, static_cast<off_t>(bytes));
+    if (error == 0) {
+      // An older kernel: touch every page so that it is mapped here.
+      for (uint64_t at = 0; at < bytes; at += 4096) {
+        slab.pages[at] = std::byte{0};
+      }
+    }
+  }
+  if (!populated.ok() || error != 0) {
+    ReleaseSlab(slab);
+    return populated.ok()
+               ? absl::ResourceExhaustedError(
+                     absl::StrCat("cannot allocate a shared-memory slab in ",
+                                  dir, ": ", std::strerror(error)))
+               : populated.status();
+  }
+  return slab;
+}
+
+}  // namespace
+
+void ReleaseSlab(SharedMemorySlab& slab) {
+  if (slab.pages != nullptr) munmap(slab.pages, slab.bytes);
+  slab.pages = nullptr;
+  SharedMemoryFile file{slab.path, slab.fd};
+  CloseSharedMemoryFile(file);
+  slab.fd = -1;
+  slab.path.clear();
+}
+
+SharedMemoryPool::SharedMemoryPool(Options options)
+    : options_(std::move(options)) {
+  if (options_.target_bytes >= options_.slab_bytes &&
+      options_.slab_bytes > 0) {
+    refill_ = std::thread([this] { RefillLoop(); });
+  }
+}
+
+SharedMemoryPool::~SharedMemoryPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (refill_.joinable()) refill_.join();
+  for (SharedMemorySlab& slab : slabs_) ReleaseSlab(slab);
+}
+
+bool SharedMemoryPool::FullLocked() const {
+  return bytes_ + options_.slab_bytes > options_.target_bytes;
+}
+
+std::vector<SharedMemorySlab> SharedMemoryPool::Take(size_t count) {
+  std::vector<SharedMemorySlab> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (out.size() < count && !slabs_.empty()) {
+      out.push_back(std::move(slabs_.back()));
+      slabs_.pop_back();
+      bytes_ -= out.back().bytes;
+      taken_total_ += out.back().bytes;
+    }
+    last_active_ = absl::Now();
+    if (!out.empty()) last_error_.clear();  // room again: retry at once
+  }
+  changed_.notify_all();
+  return out;
+}
+
+SharedMemoryPool::Active::Active(SharedMemoryPool* pool) : pool_(pool) {
+  if (pool_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(pool_->mu_);
+  ++pool_->active_;
+}
+
+SharedMemoryPool::Active::~Active() {
+  if (pool_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(pool_->mu_);
+    --pool_->active_;
+    pool_->last_active_ = absl::Now();
+  }
+  pool_->changed_.notify_all();
+}
+
+SharedMemoryPool::Stats SharedMemoryPool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats stats;
+  stats.target_bytes = options_.target_bytes;
+  stats.bytes = bytes_;
+  stats.taken_bytes_total = taken_total_;
+  stats.filled_bytes_total = filled_total_;
+  stats.last_error = last_error_;
+  return stats;
+}
+
+bool SharedMemoryPool::WaitUntilFull(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!FullLocked()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline || !refill_.joinable()) return false;
+    changed_.wait_for(lock, absl::ToChronoNanoseconds(deadline - now));
+  }
+  return true;
+}
+
+void SharedMemoryPool::RefillLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  absl::Time retry_at = absl::InfinitePast();
+  while (!stop_) {
+    if (FullLocked()) {
+      changed_.wait(lock);
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    const absl::Time start_at =
+        std::max(last_active_ + options_.quiet,
+                 last_error_.empty() ? absl::InfinitePast() : retry_at);
+    if (active_ > 0) {
+      changed_.wait(lock);
+      continue;
+    }
+    if (now < start_at) {
+      changed_.wait_for(lock, absl::ToChronoNanoseconds(start_at - now));
+      continue;
+    }
+    lock.unlock();
+    absl::StatusOr<SharedMemorySlab> slab =
+        NewSlab(options_.dir, options_.slab_bytes);
+    lock.lock();
+    if (!slab.ok()) {
+      if (last_error_.empty()) {
+        MLOG(WARNING) << "shared-memory pool: " << slab.status().message()
+                      << " (holding " << bytes_ << " of "
+                      << options_.target_bytes << " bytes; retrying in "
+                      << kRetryAfterError << ")";
+      }
+      last_error_ = std::string(slab.status().message());
+      retry_at = absl::Now() + kRetryAfterError;
+      continue;
+    }
+    bytes_ += slab->bytes;
+    filled_total_ += slab->bytes;
+    slabs_.push_back(std::move(*slab));
+    changed_.notify_all();
+  }
+}
+
+}  // namespace materializer::memory
