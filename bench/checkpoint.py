@@ -25,6 +25,15 @@ parameters, what the first optimizer step does to memory), and reported
 with it. With the page cache warm (the files were just written or read):
 the time is the loaders' own work, not the disk's.
 
+--pool SIZE adds "sdk bf16, pool" and "sdk fp32, pool": the same against a
+server started for each of these measurements with --shm_pool_bytes=SIZE
+(bench/run.py's pooled_service: warmed up by one whole load into a handle
+that is not exportable, which leaves its checkpoint cache as a load leaves
+a long-running server's without using the pool, then its pool full), whose arena comes from shared memory it made resident
+before the call; it is stopped right after, so no other path runs while
+it holds that memory.
+With --ranks, the ranks time "sdk Shard(0), pool" too.
+
 --ranks N adds N ranks on this host (gloo, bench/checkpoint_ranks.py):
 each rank's from_pretrained then its Shard(0) rows, against the SDK
 materializing only each rank's rows; wall time and peak RSS per rank.
@@ -47,6 +56,7 @@ import argparse
 import datetime
 import gc
 import glob
+import json
 import os
 import random
 import re
@@ -140,7 +150,19 @@ def sdk_stream(client):
     return wall, r.seconds["load"]
 
 
-def run_ranks(world, address, folder, reps):
+def warm_up_load(client):
+    """One whole load of the checkpoint into a handle that is not
+    exportable (stream transport, one handle): a fresh server's checkpoint
+    cache is then where a long-running server's is after a load (the same
+    reads in the same order), and its shared-memory pool is untouched."""
+    import materializer
+    from materializer import hf
+    model = hf.from_config(config(), "LlamaForCausalLM", dtype=torch.bfloat16)
+    materializer.materialize(model, client=client, checkpoint=f"bench/{NAME}",
+                             transport="stream", part_bytes=0, progress=False)
+
+
+def run_ranks(world, address, folder, reps, pool_server=None):
     """bench/checkpoint_ranks.py on `world` processes; rank 0's records."""
     import socket
     with socket.socket() as s:
@@ -149,12 +171,12 @@ def run_ranks(world, address, folder, reps):
     out = os.path.join(tempfile.mkdtemp(prefix="ckpt-ranks-"), "records.jsonl")
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "checkpoint_ranks.py"),
                                str(r), str(world), port, address, folder,
-                               f"bench/{NAME}", str(reps), out])
+                               f"bench/{NAME}", str(reps), out]
+                              + ([pool_server] if pool_server else []))
              for r in range(world)]
     for p in procs:
         if p.wait(timeout=3600) != 0:
             raise SystemExit(f"a rank exited with {p.returncode}")
-    import json
     with open(out, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -200,6 +222,8 @@ def main():
         "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd")))
     ap.add_argument("--proto", default=os.environ.get(
         "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
+    ap.add_argument("--pool", default="4.5GiB",
+                    help="--shm_pool_bytes of a second server, timed as '... pool' (0: none)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
@@ -221,28 +245,47 @@ def main():
     svc = bench_run.Service(args.server, args.proto, args.threads,
                             extra_args=[f"--checkpoint_roots=bench={args.dir}"])
     client = materializer.Client(svc.address)
-    times = {p: [] for p in PATHS}
-    writes = {p: [] for p in PATHS}
-    phases = {p: [] for p in PATHS}
+    pooled = args.pool != "0"
+    paths = list(PATHS) + (["sdk bf16, pool", "sdk fp32, pool"] if pooled else [])
+
+    def pooled_load(dtype):
+        with bench_run.pooled_service(
+                args.server, args.proto, args.threads, args.pool,
+                extra_args=[f"--checkpoint_roots=bench={args.dir}"],
+                warm_up=warm_up_load) as psvc:
+            pooled_client = materializer.Client(psvc.address)
+            model, wall, ph = sdk_load(pooled_client, dtype)
+            write = write_once(model)
+            pooled_client.close()
+            del model
+            gc.collect()
+        return wall, write, ph
+
+    times = {p: [] for p in paths}
+    writes = {p: [] for p in paths}
+    phases = {p: [] for p in paths}
     cold = {"sdk": [], "dd": [], "read": []}
     stream = {"call": [], "load": [], "tcp": []}
     ranks = []
     try:
         for i in range(args.warmup + args.reps):
             timed = i >= args.warmup
-            order = list(PATHS)
+            order = list(paths)
             random.Random(i).shuffle(order)
             for p in order:
                 gc.collect()
-                dtype = torch.bfloat16 if p.endswith("bf16") else torch.float32
-                if p.startswith("hf"):
-                    model, wall, ph = hf_load(folder, dtype)
+                dtype = torch.bfloat16 if "bf16" in p else torch.float32
+                if p.endswith("pool"):
+                    wall, write, ph = pooled_load(dtype)
                 else:
-                    model, wall, ph = sdk_load(client, dtype)
-                write = write_once(model)
-                assert all(t.dtype == dtype for t in model.parameters())
-                del model
-                gc.collect()
+                    if p.startswith("hf"):
+                        model, wall, ph = hf_load(folder, dtype)
+                    else:
+                        model, wall, ph = sdk_load(client, dtype)
+                    write = write_once(model)
+                    assert all(t.dtype == dtype for t in model.parameters())
+                    del model
+                    gc.collect()
                 print(f"{'rep' if timed else 'warm-up'} {i + 1}: {p} {wall:.3f} s "
                       f"+ first write {write:.3f} s {ph}", file=sys.stderr)
                 if timed:
@@ -272,14 +315,17 @@ def main():
                         gc.collect()
                     print(f"cold rep {i + 1}: {what} {cold[what][-1]:.3f} s", file=sys.stderr)
         if args.ranks:
-            ranks = run_ranks(args.ranks, svc.address, folder, args.reps)
+            ranks = run_ranks(args.ranks, svc.address, folder, args.reps,
+                              json.dumps({"server": args.server, "proto": args.proto,
+                                          "threads": args.threads, "pool": args.pool,
+                                          "root": f"bench={args.dir}"}) if pooled else None)
         client.close()
         svc.check_idle()
     finally:
         svc.stop()
     load_after = os.getloadavg()[0]
 
-    ready = {p: [t + w for t, w in zip(times[p], writes[p])] for p in PATHS}
+    ready = {p: [t + w for t, w in zip(times[p], writes[p])] for p in paths}
     lines = [
         f"Checkpoint: {NAME}, bfloat16, {len(files)} safetensors shards, "
         f"{nbytes / 1e9:.2f} GB, page cache warm. Median of {args.reps} interleaved "
@@ -292,8 +338,9 @@ def main():
     ]
     for dt in ("bf16", "fp32"):
         base = med(ready[f"hf {dt}"])
-        for p in (f"hf {dt}", f"sdk {dt}"):
-            lines.append(f"| {dt} | {p.split()[0]} | {span(times[p])} | "
+        for p in (f"hf {dt}", f"sdk {dt}") + ((f"sdk {dt}, pool",) if pooled else ()):
+            label = "sdk, pool" if p.endswith("pool") else p.split()[0]
+            lines.append(f"| {dt} | {label} | {span(times[p])} | "
                          f"{bench_run.ms(med(writes[p]))} | {span(ready[p])} | "
                          f"**{base / med(ready[p]):.2f}** |")
     sdk_phases = [ph for ph in phases["sdk bf16"]]
@@ -317,7 +364,9 @@ def main():
                   f"{nbytes / med(stream['call']) / 1e9:.2f} | "
                   f"**{nbytes / med(stream['call']) / tcp_bw:.2f}** |"]
     if ranks:
-        by = {p: [r for r in ranks if r["path"] == p] for p in ("hf + shard", "sdk Shard(0)")}
+        by = {p: [r for r in ranks if r["path"] == p]
+              for p in ("hf + shard", "sdk Shard(0)", "sdk Shard(0), pool")}
+        by = {p: rs for p, rs in by.items() if rs}
         base_wall = med([r["wall"] for r in by["hf + shard"]])
         base_peak = med([max(r["peaks"]) for r in by["hf + shard"]])
         lines += ["", f"{args.ranks} ranks on this host (gloo), bfloat16, Shard(0) "
@@ -357,6 +406,9 @@ def main():
             f"- software: torch {torch.__version__}, commit {bench_run.git_commit()}; "
             f"{args.threads} threads on both sides",
             f"- 1-minute load average {load_before:.2f} before, {load_after:.2f} after",
+            *([f"- 'pool' rows: a server started for each of their measurements with "
+               f"`--shm_pool_bytes={args.pool}` (warmed up by one load, its pool full), "
+               "stopped after"] if pooled else []),
             "",
             table,
         ])

@@ -9,11 +9,18 @@ each timing, in interleaved repetitions,
                parameters, then materializer.materialize(model,
                checkpoint=...): the server reads each rank's rows;
 
+  sdk Shard(0), pool  (with POOL_SERVER, JSON: server, proto, threads,
+               pool, root) the same against a server rank 0 starts for each
+               of these repetitions with a shared-memory pool
+               (bench/run.py's pooled_service: warmed up by one load of the
+               checkpoint, pool full)
+               and stops after it;
+
 each followed by the first write of this rank's weights. Every repetition
 starts at a barrier and ends at one; rank 0 writes the wall times, and every
 rank its peak RSS growth, to OUT (JSON lines).
 
-    checkpoint_ranks.py RANK WORLD PORT ADDRESS FOLDER CHECKPOINT REPS OUT
+    checkpoint_ranks.py RANK WORLD PORT ADDRESS FOLDER CHECKPOINT REPS OUT [POOL_SERVER]
 """
 
 import gc
@@ -30,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
-from checkpoint import config  # noqa: E402
+from checkpoint import config, warm_up_load  # noqa: E402
 from sdk import _status as status, rss_peak_reset, write_once  # noqa: E402
 
 
@@ -66,6 +73,7 @@ def sdk_path(client, checkpoint, mesh):
 
 def main():
     rank, world, port, address, folder, checkpoint, reps, out = sys.argv[1:9]
+    pool_server = json.loads(sys.argv[9]) if len(sys.argv) > 9 else None
     rank, world, reps = int(rank), int(world), int(reps)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -78,17 +86,30 @@ def main():
     client = materializer.Client(address)
     records = []
     for i in range(reps + 1):   # the first is a warm-up
-        order = ["hf + shard", "sdk Shard(0)"]
+        order = ["hf + shard", "sdk Shard(0)"] + (["sdk Shard(0), pool"] if pool_server else [])
         random.Random(i).shuffle(order)
         for path in order:
             gc.collect()
+            block = pooled = None
+            if path.endswith("pool"):
+                box = [None]
+                if rank == 0:
+                    import run as bench_run
+                    block = bench_run.pooled_service(
+                        pool_server["server"], pool_server["proto"], pool_server["threads"],
+                        pool_server["pool"],
+                        extra_args=[f"--checkpoint_roots={pool_server['root']}"],
+                        warm_up=warm_up_load)
+                    box[0] = block.__enter__().address
+                dist.broadcast_object_list(box, src=0)
+                pooled = materializer.Client(box[0])
             base = rss_peak_reset()
             dist.barrier()
             t0 = time.perf_counter()
             if path == "hf + shard":
                 model = hf_path(folder, mesh, rank, world)
             else:
-                model = sdk_path(client, checkpoint, mesh)
+                model = sdk_path(pooled or client, checkpoint, mesh)
             write_once(model)
             local = sum(p._local_tensor.numel() * p._local_tensor.element_size()
                         for p in model.parameters())
@@ -97,6 +118,11 @@ def main():
             peak = status("VmHWM") - base
             del model
             gc.collect()
+            if pooled is not None:
+                pooled.close()
+                dist.barrier()
+                if block is not None:
+                    block.__exit__(None, None, None)
             peaks = [None] * world
             dist.all_gather_object(peaks, peak)
             if rank == 0 and i > 0:

@@ -22,6 +22,7 @@ thread count (torch.set_num_threads here, OMP_NUM_THREADS/MKL_NUM_THREADS and
 """
 
 import argparse
+import contextlib
 import datetime
 import fnmatch
 import json
@@ -216,6 +217,20 @@ class Service:
         self.stub.Release(self.pb.ReleaseRequest(handle=resp.handle), timeout=600)
         return wall, phases
 
+    def wait_pool_full(self, timeout=300):
+        """Blocks until the server's shared-memory pool (--shm_pool_bytes)
+        holds its target: the refill runs only when the server is idle, and
+        a measurement must not share the cores with it. Returns the seconds
+        waited."""
+        t0 = time.perf_counter()
+        while True:
+            pool = self.stub.GetStats(self.pb.GetStatsRequest(), timeout=60).shm_pool
+            if pool.target_bytes - pool.bytes < 128 << 20:
+                return time.perf_counter() - t0
+            if time.perf_counter() - t0 > timeout:
+                raise SystemExit(f"the shared-memory pool did not refill: {pool}")
+            time.sleep(0.05)
+
     def check_idle(self):
         s = self.stub.GetStats(self.pb.GetStatsRequest(), timeout=60)
         if s.in_use_bytes or s.reserved_bytes or s.handles:
@@ -236,6 +251,40 @@ class Service:
                              f"log: {self.log.name}")
         os.unlink(self.log.name)
 
+
+
+@contextlib.contextmanager
+def pooled_service(binary, proto_dir, threads, pool_bytes, extra_args=(), warm_up=None):
+    """A server with a shared-memory pool of `pool_bytes` (and the default
+    --shm_pool_quiet), alive only for the block: started, warmed up
+    (`warm_up(client)`, by default a small model, which takes nothing from
+    the pool; a checkpoint benchmark loads the checkpoint through the
+    stream transport, which fills the server's checkpoint cache as on a
+    long-running server, again without the pool), its pool full, then
+    yielded; stopped after. One block per measurement: a call takes from
+    the pool, which refills only after the server has been quiet.
+    Alive only while its own measurement runs, because a pool keeps
+    gigabytes resident, and with two servers, their checkpoint caches and
+    the page cache, the other paths would run with much less free memory
+    than they do alone."""
+    svc = Service(binary, proto_dir, threads,
+                  extra_args=[f"--shm_pool_bytes={pool_bytes}", *extra_args])
+    try:
+        import materializer
+        client = materializer.Client(svc.address)
+        if warm_up is None:
+            import torch
+            with torch.device("meta"):
+                tiny = torch.nn.Linear(64, 64)
+            materializer.materialize(tiny, client=client, transport="shm", progress=False)
+        else:
+            warm_up(client)
+        client.close()
+        svc.wait_pool_full()
+        yield svc
+        svc.check_idle()
+    finally:
+        svc.stop()
 
 # ---------------------------------------------------------------------------
 # Reporting

@@ -15,6 +15,12 @@ optimizer step does to memory), timed apart and reported with the path:
   shm          materializer.materialize(model, transport="shm"): describe,
                Materialize on the server, ExportHandle, the module's tensors
                become views of the shared memory, Release;
+  shm, pool    the same against a server started for this measurement
+               with --shm_pool_bytes (bench/run.py's pooled_service): its
+               arena is built from shared memory the server made resident
+               before the call (and its first call already made). It is
+               stopped right after, so no other path runs while it holds
+               that memory;
   stream       materializer.materialize(model, transport="stream"): the same
                with the weights streamed into the module's tensors (raw
                format, received straight into place by client/direct.py,
@@ -229,6 +235,8 @@ def main():
         "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd")))
     ap.add_argument("--proto", default=os.environ.get(
         "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
+    ap.add_argument("--pool", default="4.5GiB",
+                    help="--shm_pool_bytes of the 'shm, pool' server (0: no such path)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     models = args.models.split(",")
@@ -247,13 +255,15 @@ def main():
     svc = bench_run.Service(args.server, args.proto, args.threads)
     client = materializer.Client(svc.address)
     grpcio_client = materializer.Client(svc.address, direct_fetch=False)
+    pooled = args.pool != "0"
     results = []
     try:
         for name in models:
             rng = args.rng
             nbytes = materializer.describe(build(name), rng=rng).nbytes
             parted = nbytes > materializer.api.PART_BYTES
-            paths = (["in-process", "shm", "stream"] + (["stream, one handle"] if parted else [])
+            paths = (["in-process", "shm"] + (["shm, pool"] if pooled else []) + ["stream"]
+                     + (["stream, one handle"] if parted else [])
                      + ["stream x2", "stream grpcio"]
                      + (["new user"] if name in args.new_user.split(",") else []))
             times = {p: [] for p in paths}
@@ -274,6 +284,11 @@ def main():
                 for p in order:
                     model = build(name)
                     gc.collect()
+                    pool_block = None
+                    if p == "shm, pool":
+                        pool_block = bench_run.pooled_service(
+                            args.server, args.proto, args.threads, args.pool)
+                        pooled_client = materializer.Client(pool_block.__enter__().address)
                     base = rss_peak_reset()
                     if p == "in-process":
                         wall, ph = in_process(model)
@@ -284,12 +299,17 @@ def main():
                     elif p == "stream x2":
                         wall, ph = service(model, client, "stream", rng, 0, streams=2,
                                            part_bytes=0)
+                    elif p == "shm, pool":
+                        wall, ph = service(model, pooled_client, "shm", rng, 0)
+                        pooled_client.close()
                     elif p == "stream, one handle":
                         wall, ph = service(model, client, "stream", rng, 0, part_bytes=0)
                     else:
                         wall, ph = service(model, client, p, rng, 0)
                     write = write_once(model)
                     peak = _status("VmHWM") - base
+                    if pool_block is not None:
+                        pool_block.__exit__(None, None, None)
                     del model
                     gc.collect()
                     print(f"{name} {'rep' if timed else 'warm-up'} {i + 1}: {p} {wall:.3f} s "
@@ -335,6 +355,9 @@ def main():
             f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after (the machine is "
             "shared: ratios within a run compare like with like, absolute times do not)",
             f"- server: `{' '.join(os.path.relpath(c, REPO) if os.path.isabs(c) else c for c in svc.cmd)}`",
+            *([f"- 'shm, pool': a server started for each of its measurements with "
+               f"`--shm_pool_bytes={args.pool}` (its first call made, its pool full), "
+               "stopped after"] if pooled else []),
             "",
             table,
         ])
