@@ -40,8 +40,8 @@ int main(int argc, char** argv) {
   uint64_t received = 0;
   const auto start = std::chrono::steady_clock::now();
   auto result = (*client)->Fetch(
-      request, [&](const materializer::v1::WeightChunk& chunk) {
-        received += chunk.data().size();
+      request, [&](const materializer::client::FetchedChunk& chunk) {
+        received += chunk.data_size();
         return absl::OkStatus();
       });
   const double seconds =

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/session.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -50,9 +51,69 @@ absl::Status ValidateOptions(const ClientOptions& options) {
   return absl::OkStatus();
 }
 
+// A server-streaming call whose messages are read as raw buffers, so a
+// FetchedChunk can parse them without copying their payload (the
+// generated ClientReader would parse each into a WeightChunk). It drives
+// the generic stub's completion queue synchronously.
+class RawServerStream {
+ public:
+  RawServerStream(const std::shared_ptr<grpc::Channel>& channel,
+                  grpc::ClientContext* context, const std::string& method,
+                  const google::protobuf::Message& request)
+      : stub_(channel), call_(stub_.PrepareCall(context, method, &queue_)) {
+    const std::string bytes = request.SerializeAsString();
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    // One after the other: StartCall and Write share one set of call
+    // operations. A failure shows in Read and Finish, which say why.
+    call_->StartCall(Tag());
+    Wait();
+    call_->WriteLast(buffer, grpc::WriteOptions(), Tag());
+    Wait();
+  }
+
+  ~RawServerStream() {
+    queue_.Shutdown();
+    void* tag;
+    bool ok;
+    while (queue_.Next(&tag, &ok)) {
+    }
+  }
+
+  // The next message; false when the stream has ended (then Finish).
+  bool Read(grpc::ByteBuffer* message) {
+    if (ended_) return false;
+    call_->Read(message, Tag());
+    if (!Wait()) ended_ = true;
+    return !ended_;
+  }
+
+  grpc::Status Finish() {
+    grpc::Status status;
+    call_->Finish(&status, Tag());
+    Wait();
+    return status;
+  }
+
+ private:
+  static void* Tag() { return reinterpret_cast<void*>(1); }
+  // Waits for the one outstanding operation; whether it succeeded.
+  bool Wait() {
+    void* tag;
+    bool ok = false;
+    if (!queue_.Next(&tag, &ok)) return false;
+    return ok;
+  }
+
+  grpc::CompletionQueue queue_;
+  grpc::GenericStub stub_;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call_;
+  bool ended_ = false;
+};
+
 // Checks one chunk against the stream so far (see Client::Fetch).
 absl::Status CheckChunk(const v1::FetchRequest& request,
-                        const v1::WeightChunk& chunk, bool first,
+                        const FetchedChunk& chunk, bool first,
                         uint64_t expected_offset, uint64_t total_bytes) {
   if (chunk.offset() != expected_offset) {
     if (first) {
@@ -71,9 +132,9 @@ absl::Status CheckChunk(const v1::FetchRequest& request,
         total_bytes, " to ", chunk.total_bytes(), " at byte ", chunk.offset()));
   }
   if (chunk.offset() > chunk.total_bytes() ||
-      chunk.data().size() > chunk.total_bytes() - chunk.offset()) {
+      chunk.data_size() > chunk.total_bytes() - chunk.offset()) {
     return absl::DataLossError(absl::StrCat(
-        "fetch of ", request.handle(), ": the chunk of ", chunk.data().size(),
+        "fetch of ", request.handle(), ": the chunk of ", chunk.data_size(),
         " bytes at byte ", chunk.offset(), " runs past the end of the ",
         chunk.total_bytes(), "-byte file"));
   }
@@ -198,15 +259,18 @@ absl::StatusOr<FetchResult> FetchIntoPartial(
   bool started = false;
   absl::StatusOr<FetchResult> total = client.Fetch(
       request,
-      [&](const v1::WeightChunk& chunk) -> absl::Status {
+      [&](const FetchedChunk& chunk) -> absl::Status {
         if (!started) {
           started = true;
           if (options.progress) options.progress(start, chunk.total_bytes());
         }
-        RETURN_IF_ERROR(
-            WriteAllAt(file.fd(), chunk.data(), chunk.offset(), partial));
+        uint64_t offset = chunk.offset();
+        for (absl::string_view piece : chunk.pieces()) {
+          RETURN_IF_ERROR(WriteAllAt(file.fd(), piece, offset, partial));
+          offset += piece.size();
+        }
         if (options.progress) {
-          options.progress(chunk.offset() + chunk.data().size(),
+          options.progress(chunk.offset() + chunk.data_size(),
                            chunk.total_bytes());
         }
         return absl::OkStatus();
@@ -600,7 +664,7 @@ absl::StatusOr<std::vector<FromReplica<v1::ServerInfo>>> Client::Replicas() {
 
 absl::StatusOr<FetchResult> Client::Fetch(
     const v1::FetchRequest& request,
-    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+    const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
     delivery::Hasher* prefix) {
   ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Replica>> replicas,
                    replicas_->ForId(request.handle()));
@@ -630,12 +694,13 @@ absl::StatusOr<FetchResult> Client::Fetch(
 
 absl::StatusOr<FetchResult> Client::FetchFrom(
     Replica& replica, const v1::FetchRequest& request,
-    const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+    const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
     delivery::Hasher* prefix, bool* received) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.fetch_timeout);
-  std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
-      replica.stub().FetchWeights(&context, request);
+  RawServerStream reader(replica.channel(), &context,
+                         "/materializer.v1.Materializer/FetchWeights",
+                         request);
 
   // The whole file's digest, when every byte before the offset is in
   // `prefix` (or there is none).
@@ -646,22 +711,28 @@ absl::StatusOr<FetchResult> Client::FetchFrom(
   } else if (prefix != nullptr && prefix->length() == request.offset()) {
     hasher = prefix;
   }
-  v1::WeightChunk chunk;
+  grpc::ByteBuffer message;
+  FetchedChunk chunk;
   bool first = true;
   uint64_t next_offset = request.offset();
   uint64_t total_bytes = 0;
   std::string digest;
   // Why we stopped reading before the server finished, if we did.
   absl::Status stopped;
-  while (reader->Read(&chunk)) {
+  while (reader.Read(&message)) {
     *received = true;
-    stopped = CheckChunk(request, chunk, first, next_offset, total_bytes);
+    stopped = chunk.Parse(message);
+    if (stopped.ok()) {
+      stopped = CheckChunk(request, chunk, first, next_offset, total_bytes);
+    }
     if (stopped.ok()) stopped = on_chunk(chunk);
     if (!stopped.ok()) break;
-    if (hasher != nullptr) hasher->Update(chunk.data());
+    if (hasher != nullptr) {
+      for (absl::string_view piece : chunk.pieces()) hasher->Update(piece);
+    }
     first = false;
     total_bytes = chunk.total_bytes();
-    next_offset = chunk.offset() + chunk.data().size();
+    next_offset = chunk.offset() + chunk.data_size();
     if (!chunk.digest().empty()) digest = chunk.digest();
   }
   if (!stopped.ok()) {
@@ -669,12 +740,12 @@ absl::StatusOr<FetchResult> Client::FetchFrom(
     // Finish may only follow the last Read; after the cancel the remaining
     // reads fail fast, and Finish reports CANCELLED, which says less than
     // the reason we already have.
-    while (reader->Read(&chunk)) {
+    while (reader.Read(&message)) {
     }
-    reader->Finish().IgnoreError();
+    reader.Finish().IgnoreError();
     return stopped;
   }
-  if (absl::Status finished = FromGrpcStatus(reader->Finish());
+  if (absl::Status finished = FromGrpcStatus(reader.Finish());
       !finished.ok()) {
     return replicas_->Explain(replica, finished);
   }

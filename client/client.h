@@ -41,6 +41,7 @@
 #include "client/replica_set.h"
 #include "grpcpp/client_context.h"
 #include "materializer/v1/materializer.grpc.pb.h"
+#include "client/fetched_chunk.h"
 #include "materializer/v1/materializer.pb.h"
 #include "server/delivery/digest.h"
 
@@ -188,7 +189,7 @@ class Client {
   // FetchToFile). `prefix` is consumed.
   absl::StatusOr<FetchResult> Fetch(
       const v1::FetchRequest& request,
-      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+      const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
       delivery::Hasher* prefix = nullptr);
 
   const ClientOptions& options() const { return options_; }
@@ -227,7 +228,7 @@ class Client {
 
   absl::StatusOr<FetchResult> FetchFrom(
       Replica& replica, const v1::FetchRequest& request,
-      const std::function<absl::Status(const v1::WeightChunk&)>& on_chunk,
+      const std::function<absl::Status(const FetchedChunk&)>& on_chunk,
       delivery::Hasher* prefix, bool* received);
 
   const ClientOptions options_;

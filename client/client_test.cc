@@ -301,8 +301,8 @@ class ClientTest : public ::testing::Test {
     request.set_offset(offset);
     request.set_chunk_bytes(chunk_bytes);
     absl::StatusOr<FetchResult> result =
-        client_->Fetch(request, [&](const v1::WeightChunk& chunk) {
-          data->append(chunk.data());
+        client_->Fetch(request, [&](const FetchedChunk& chunk) {
+          data->append(chunk.CopyData());
           if (chunks != nullptr) ++*chunks;
           return absl::OkStatus();
         });
@@ -514,7 +514,7 @@ TEST_F(ClientTest, CallbackErrorCancelsTheCallAndIsReturnedUnchanged) {
   request.set_chunk_bytes(100);
   int chunks = 0;
   const absl::StatusOr<FetchResult> total =
-      client_->Fetch(request, [&](const v1::WeightChunk& chunk) {
+      client_->Fetch(request, [&](const FetchedChunk& chunk) {
         if (++chunks == 2) return absl::ResourceExhaustedError("disk full");
         return absl::OkStatus();
       });
@@ -637,7 +637,7 @@ TEST_F(ClientTest, FetchVerifiesTheDigestOfTheWholeFile) {
   request.set_handle("h-1");
   request.set_chunk_bytes(3000);
   ASSERT_OK_AND_ASSIGN(const FetchResult good,
-                       client_->Fetch(request, [](const v1::WeightChunk&) {
+                       client_->Fetch(request, [](const FetchedChunk&) {
                          return absl::OkStatus();
                        }));
   EXPECT_TRUE(good.verified);
@@ -647,13 +647,13 @@ TEST_F(ClientTest, FetchVerifiesTheDigestOfTheWholeFile) {
   fake_.SetFault(Fault::kBadDigest);
   EXPECT_THAT(
       client_->Fetch(request,
-                     [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+                     [](const FetchedChunk&) { return absl::OkStatus(); }),
       StatusIs(absl::StatusCode::kDataLoss,
                HasSubstr("but the server's is xxh3-128:")));
   fake_.SetFault(Fault::kNoDigest);
   EXPECT_THAT(
       client_->Fetch(request,
-                     [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+                     [](const FetchedChunk&) { return absl::OkStatus(); }),
       StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sent no digest")));
 }
 
@@ -661,7 +661,7 @@ TEST_F(ClientTest, FetchFromAnOffsetVerifiesOnlyWithThePrefixDigest) {
   v1::FetchRequest request;
   request.set_handle("h-1");
   request.set_offset(4000);
-  auto ignore = [](const v1::WeightChunk&) { return absl::OkStatus(); };
+  auto ignore = [](const FetchedChunk&) { return absl::OkStatus(); };
   ASSERT_OK_AND_ASSIGN(FetchResult unverified, client_->Fetch(request, ignore));
   EXPECT_FALSE(unverified.verified);
 

@@ -60,6 +60,9 @@ class Replica {
   const std::string& address() const { return address_; }
 
   v1::Materializer::Stub& stub() { return *stub_; }
+  // The channel itself, for calls made without the generated stub (a
+  // fetch reads its chunks as raw buffers).
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   grpc::health::v1::Health::Stub& health() { return *health_stub_; }
 
   // The session this client holds on this replica (an Attach stream),

@@ -322,7 +322,7 @@ TEST_F(ReplicaSetTest, EveryCallNamingAHandleGoesToItsReplica) {
     EXPECT_THAT(fresh.DescribeFile(fetch), IsOk());
     EXPECT_THAT(
         fresh.Fetch(fetch,
-                    [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+                    [](const FetchedChunk&) { return absl::OkStatus(); }),
         IsOk());
     ASSERT_OK_AND_ASSIGN(v1::ExportResponse exported,
                          fresh.ExportHandle(handle));
@@ -476,7 +476,7 @@ TEST(SingleServerTest, OneAddressIsUsedAsItIsWithoutDiscovery) {
   fetch.set_handle("h-9@elsewhere");
   EXPECT_THAT(
       client->Fetch(fetch,
-                    [](const v1::WeightChunk&) { return absl::OkStatus(); }),
+                    [](const FetchedChunk&) { return absl::OkStatus(); }),
       StatusIs(absl::StatusCode::kNotFound,
                HasSubstr("names replica elsewhere")));
   // An id of this very replica that it no longer holds: plain NOT_FOUND.
