@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/common/log.h"
+#include "server/common/random_hex.h"
 #include "server/common/units.h"
 
 namespace materializer::memory {
@@ -40,24 +40,6 @@ constexpr char kShmPrefix[] = "materializer-";
 // crash and are removed (the age keeps a concurrently starting server's
 // fresh file safe between its create and its flock).
 constexpr absl::Duration kStaleAge = absl::Minutes(1);
-
-std::string RandomHex128() {
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::abort();  // no entropy: an unguessable name is impossible
-    }
-    filled += static_cast<size_t>(n);
-  }
-  std::string out;
-  for (unsigned char b : bytes) {
-    absl::StrAppend(&out, absl::Hex(b, absl::kZeroPad2));
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -130,7 +112,7 @@ absl::StatusOr<SharedMemoryFile> CreateSharedMemoryFile(const std::string& dir,
                                                         uint64_t bytes) {
   SweepStaleFiles(dir);
   SharedMemoryFile file;
-  file.path = absl::StrCat(dir, "/", kShmPrefix, RandomHex128());
+  file.path = absl::StrCat(dir, "/", kShmPrefix, UnguessableHex128());
   file.fd = open(file.path.c_str(),
                  O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (file.fd < 0) {

@@ -1,30 +1,13 @@
 #include "server/registry/handle_id.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstdlib>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/common/random_hex.h"
 
 namespace materializer::registry {
 
 std::string NewHandleId(absl::string_view replica) {
-  unsigned char bytes[16];
-  size_t filled = 0;
-  while (filled < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::abort();  // no entropy source: unguessable ids are impossible
-    }
-    filled += static_cast<size_t>(n);
-  }
-  std::string id = "h-";
-  for (unsigned char b : bytes) {
-    absl::StrAppend(&id, absl::Hex(b, absl::kZeroPad2));
-  }
+  std::string id = absl::StrCat("h-", UnguessableHex128());
   if (!replica.empty()) absl::StrAppend(&id, "@", replica);
   return id;
 }
