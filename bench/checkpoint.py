@@ -34,7 +34,8 @@ before the call; it is stopped right after, so no other path runs while
 it holds that memory.
 With --ranks, the ranks time "sdk Shard(0), pool" too.
 
---ranks N adds N ranks on this host (gloo, bench/checkpoint_ranks.py):
+--ranks N adds N ranks on this host (gloo, bench/checkpoint_ranks.py; with
+--ranks-only, only they run, and their tables are printed):
 each rank's from_pretrained then its Shard(0) rows, against the SDK
 materializing only each rank's rows; wall time and peak RSS per rank.
 
@@ -181,6 +182,38 @@ def run_ranks(world, address, folder, reps, pool_server=None):
         return [json.loads(line) for line in f]
 
 
+def ranks_table(ranks, world):
+    """Markdown lines for run_ranks' records: wall and peak against hf, then
+    the phases."""
+    by = {p: [r for r in ranks if r["path"] == p]
+          for p in ("hf + shard", "sdk Shard(0)", "sdk Shard(0), pool")}
+    by = {p: rs for p, rs in by.items() if rs}
+    base_wall = med([r["wall"] for r in by["hf + shard"]])
+    base_peak = med([max(r["peaks"]) for r in by["hf + shard"]])
+    lines = ["", f"{world} ranks on this host (gloo), bfloat16, Shard(0) "
+              "rows of every parameter: from the first barrier to the last, each "
+              "rank's weights written once; peak = the largest rank's RSS growth.", "",
+              "| path | wall | ratio to hf | peak RSS per rank | ratio to hf | "
+              "bytes per rank |", "|---|---:|---:|---:|---:|---:|"]
+    for p, rs in by.items():
+        wall = med([r["wall"] for r in rs])
+        peak = med([max(r["peaks"]) for r in rs])
+        lines.append(f"| {p} | {span([r['wall'] for r in rs])} | "
+                     f"**{wall / base_wall:.2f}** | {peak / 1e9:.2f} GB | "
+                     f"**{peak / base_peak:.2f}** | {rs[0]['local_bytes'] / 1e9:.2f} GB |")
+    lines += ["", "Where a rank's time goes: for each phase, the median over repetitions "
+              "of the slowest rank's seconds (the wait is at the last barrier, for "
+              "the slowest rank).", "",
+              "| path | phases, seconds |", "|---|---|"]
+    for p, rs in by.items():
+        names = list(rs[0]["phases"][0])
+        cells = ", ".join(
+            f"{n} {med([max(ph[n] for ph in r['phases']) for r in rs]):.3f}"
+            for n in names)
+        lines.append(f"| {p} | {cells} |")
+    return lines
+
+
 def drop_caches():
     subprocess.run(["sync"], check=True)
     with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -216,6 +249,8 @@ def main():
                     help="also the caches-dropped case (needs root)")
     ap.add_argument("--ranks", type=int, default=0,
                     help="also N ranks on this host, Shard(0) (0: not run)")
+    ap.add_argument("--ranks-only", action="store_true",
+                    help="with --ranks: only the ranks, printed (not written)")
     ap.add_argument("--stream", action="store_true",
                     help="also the stream transport against raw loopback TCP")
     ap.add_argument("--server", default=os.environ.get(
@@ -246,6 +281,17 @@ def main():
                             extra_args=[f"--checkpoint_roots=bench={args.dir}"])
     client = materializer.Client(svc.address)
     pooled = args.pool != "0"
+    pool_server = json.dumps({"server": args.server, "proto": args.proto,
+                              "threads": args.threads, "pool": args.pool,
+                              "root": f"bench={args.dir}"}) if pooled else None
+    if args.ranks_only:
+        try:
+            ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server)
+            client.close()
+        finally:
+            svc.stop()
+        print("\n".join(ranks_table(ranks, args.ranks)))
+        return
     paths = list(PATHS) + (["sdk bf16, pool", "sdk fp32, pool"] if pooled else [])
 
     def pooled_load(dtype):
@@ -315,10 +361,7 @@ def main():
                         gc.collect()
                     print(f"cold rep {i + 1}: {what} {cold[what][-1]:.3f} s", file=sys.stderr)
         if args.ranks:
-            ranks = run_ranks(args.ranks, svc.address, folder, args.reps,
-                              json.dumps({"server": args.server, "proto": args.proto,
-                                          "threads": args.threads, "pool": args.pool,
-                                          "root": f"bench={args.dir}"}) if pooled else None)
+            ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server)
         client.close()
         svc.check_idle()
     finally:
@@ -364,22 +407,7 @@ def main():
                   f"{nbytes / med(stream['call']) / 1e9:.2f} | "
                   f"**{nbytes / med(stream['call']) / tcp_bw:.2f}** |"]
     if ranks:
-        by = {p: [r for r in ranks if r["path"] == p]
-              for p in ("hf + shard", "sdk Shard(0)", "sdk Shard(0), pool")}
-        by = {p: rs for p, rs in by.items() if rs}
-        base_wall = med([r["wall"] for r in by["hf + shard"]])
-        base_peak = med([max(r["peaks"]) for r in by["hf + shard"]])
-        lines += ["", f"{args.ranks} ranks on this host (gloo), bfloat16, Shard(0) "
-                  "rows of every parameter: from the first barrier to the last, each "
-                  "rank's weights written once; peak = the largest rank's RSS growth.", "",
-                  "| path | wall | ratio to hf | peak RSS per rank | ratio to hf | "
-                  "bytes per rank |", "|---|---:|---:|---:|---:|---:|"]
-        for p, rs in by.items():
-            wall = med([r["wall"] for r in rs])
-            peak = med([max(r["peaks"]) for r in rs])
-            lines.append(f"| {p} | {span([r['wall'] for r in rs])} | "
-                         f"**{wall / base_wall:.2f}** | {peak / 1e9:.2f} GB | "
-                         f"**{peak / base_peak:.2f}** | {rs[0]['local_bytes'] / 1e9:.2f} GB |")
+        lines += ranks_table(ranks, args.ranks)
     if cold["sdk"]:
         sdk_bw = nbytes / med(cold["read"])
         dd_bw = nbytes / med(cold["dd"])

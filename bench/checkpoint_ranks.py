@@ -17,8 +17,10 @@ each timing, in interleaved repetitions,
                and stops after it;
 
 each followed by the first write of this rank's weights. Every repetition
-starts at a barrier and ends at one; rank 0 writes the wall times, and every
-rank its peak RSS growth, to OUT (JSON lines).
+starts at a barrier and ends at one; rank 0 writes the wall times, every
+rank's peak RSS growth and every rank's phases (seconds: hf = load, shard;
+sdk = build on meta, materialize; both = first write, then the wait at the
+last barrier) to OUT (JSON lines).
 
     checkpoint_ranks.py RANK WORLD PORT ADDRESS FOLDER CHECKPOINT REPS OUT [POOL_SERVER]
 """
@@ -51,24 +53,29 @@ def shard_rows(model, mesh, rank, world):
 
 
 def hf_path(folder, mesh, rank, world):
+    """The model and its phases in seconds."""
     import transformers
+    t0 = time.perf_counter()
     model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    t1 = time.perf_counter()
     shard_rows(model, mesh, rank, world)
     gc.collect()
-    return model
+    return model, {"load": t1 - t0, "shard": time.perf_counter() - t1}
 
 
 def sdk_path(client, checkpoint, mesh):
     import materializer
     from materializer import hf
     from torch.distributed.tensor import Shard, distribute_tensor
+    t0 = time.perf_counter()
     model = hf.from_config(config(), "LlamaForCausalLM", dtype=torch.bfloat16)
     for full_name, p in list(model.named_parameters()):
         owner, _, name = full_name.rpartition(".")
         model.get_submodule(owner).register_parameter(
             name, torch.nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
+    t1 = time.perf_counter()
     materializer.materialize(model, client=client, checkpoint=checkpoint, progress=False)
-    return model
+    return model, {"build on meta": t1 - t0, "materialize": time.perf_counter() - t1}
 
 
 def main():
@@ -107,14 +114,17 @@ def main():
             dist.barrier()
             t0 = time.perf_counter()
             if path == "hf + shard":
-                model = hf_path(folder, mesh, rank, world)
+                model, phases = hf_path(folder, mesh, rank, world)
             else:
-                model = sdk_path(pooled or client, checkpoint, mesh)
-            write_once(model)
+                model, phases = sdk_path(pooled or client, checkpoint, mesh)
+            phases["first write"] = write_once(model)
+            t_written = time.perf_counter()
             local = sum(p._local_tensor.numel() * p._local_tensor.element_size()
                         for p in model.parameters())
             dist.barrier()
             wall = time.perf_counter() - t0
+            # The wait at the last barrier: the slowest rank's lead.
+            phases["wait for the other ranks"] = time.perf_counter() - t_written
             peak = status("VmHWM") - base
             del model
             gc.collect()
@@ -125,12 +135,15 @@ def main():
                     block.__exit__(None, None, None)
             peaks = [None] * world
             dist.all_gather_object(peaks, peak)
+            every = [None] * world
+            dist.all_gather_object(every, phases)
             if rank == 0 and i > 0:
                 records.append({"path": path, "wall": wall, "peaks": peaks,
-                                "local_bytes": local})
+                                "local_bytes": local, "phases": every})
             if rank == 0:
                 print(f"ranks {world} {'rep' if i else 'warm-up'} {i}: {path} {wall:.3f} s, "
-                      f"peak RSS per rank {[round(p / 1e9, 2) for p in peaks]} GB",
+                      f"peak RSS per rank {[round(p / 1e9, 2) for p in peaks]} GB, "
+                      f"phases of rank 0 {({k: round(v, 3) for k, v in phases.items()})}",
                       file=sys.stderr, flush=True)
     client.close()
     if rank == 0:
