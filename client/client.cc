@@ -698,9 +698,10 @@ absl::StatusOr<FetchResult> Client::FetchFrom(
     delivery::Hasher* prefix, bool* received) {
   grpc::ClientContext context;
   PrepareContext(&context, options_.fetch_timeout);
-  RawServerStream reader(replica.channel(), &context,
-                         "/materializer.v1.Materializer/FetchWeights",
-                         request);
+  RawServerStream reader(
+      replica.channel(), &context,
+      absl::StrCat("/", v1::Materializer::service_full_name(), "/FetchWeights"),
+      request);
 
   // The whole file's digest, when every byte before the offset is in
   // `prefix` (or there is none).
