@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -286,11 +287,13 @@ absl::StatusOr<std::vector<CheckpointTensor>> ParseSafetensorsHeader(
   // The ranges must tile the data section, as the reference requires.
   const uint64_t data_start = 8 + header_length_field;
   const uint64_t data_size = file_size - data_start;
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const Entry& a, const Entry& b) {
-                     return a.begin < b.begin ||
-                            (a.begin == b.begin && a.end < b.end);
-                   });
+  // File order; empty tensors sharing an offset by name, so the list is the
+  // same whatever order the JSON members came in (names are unique here).
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) {
+              return std::tie(a.begin, a.end, a.tensor.name) <
+                     std::tie(b.begin, b.end, b.tensor.name);
+            });
   uint64_t cursor = 0;
   const Entry* previous = nullptr;
   for (const Entry& e : entries) {

@@ -73,6 +73,26 @@ TEST(SafetensorsHeaderTest, ReadsTensorsInFileOrderWithAbsoluteOffsets) {
   EXPECT_EQ(metadata[0].second, "pt");
 }
 
+// Empty tensors share an offset; their order must not follow the order of the
+// JSON members (a header written again in another order reads the same).
+TEST(SafetensorsHeaderTest, OrdersEmptyTensorsAtOneOffsetByName) {
+  const std::string a = R"("wn":{"dtype":"F16","shape":[0,3],"data_offsets":[8,8]})";
+  const std::string b = R"("<\n":{"dtype":"F16","shape":[0],"data_offsets":[8,8]})";
+  const std::string c = R"("x":{"dtype":"U8","shape":[1],"data_offsets":[8,9]})";
+  const std::string d = R"("m":{"dtype":"I64","shape":[],"data_offsets":[0,8]})";
+  for (const std::string& header :
+       {"{" + a + "," + b + "," + c + "," + d + "}",
+        "{" + d + "," + c + "," + b + "," + a + "}"}) {
+    ASSERT_OK_AND_ASSIGN(std::vector<CheckpointTensor> tensors,
+                         Read(File(header, std::string(9, 'x'))));
+    ASSERT_EQ(tensors.size(), 4u) << header;
+    EXPECT_EQ(tensors[0].name, "m");
+    EXPECT_EQ(tensors[1].name, "<\n") << header;
+    EXPECT_EQ(tensors[2].name, "wn") << header;
+    EXPECT_EQ(tensors[3].name, "x");
+  }
+}
+
 // Written by safetensors.torch.save_file (testdata/generate.py).
 TEST(SafetensorsHeaderTest, ReadsAFileTheSafetensorsLibraryWrote) {
   const std::string file = ReadTestdata("tiny.safetensors");
