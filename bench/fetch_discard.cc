@@ -3,7 +3,7 @@
 //
 //   fetch_discard --server=HOST:PORT --handle=h-... [--client=NAME]
 //                 [--format=safetensors]
-//                 [--chunk_bytes=N]
+//                 [--chunk_bytes=N]   (default: as matctl fetch, 2 MiB)
 
 #include <chrono>
 #include <cstdio>
@@ -12,15 +12,19 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "client/client.h"
+#include "client/receive_memory.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "server address");
 ABSL_FLAG(std::string, handle, "", "handle to fetch");
 ABSL_FLAG(std::string, client, "", "identity (development mode)");
 ABSL_FLAG(std::string, format, "safetensors", "safetensors, torch or raw");
-ABSL_FLAG(uint32_t, chunk_bytes, 0, "chunk size (0: the server's default)");
+ABSL_FLAG(uint32_t, chunk_bytes, materializer::client::kFetchChunkBytes,
+          "chunk size (0: the server's maximum; default: matctl's)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As matctl does.
+  materializer::client::KeepReceiveBuffers();
   materializer::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
   options.session = false;

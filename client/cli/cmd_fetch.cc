@@ -36,7 +36,8 @@ absl::Status RunFetch(Invocation& invocation) {
   options.write_ties_once = flags.Bool("write_ties_once");
   options.include_non_persistent = flags.Bool("include_non_persistent");
   // The flag table caps it at 32 bits.
-  options.chunk_bytes = static_cast<uint32_t>(flags.Bytes("chunk_bytes", 0));
+  options.chunk_bytes =
+      static_cast<uint32_t>(flags.Bytes("chunk_bytes", kFetchChunkBytes));
 
   // Progress goes to a terminal only, never into a redirected stderr.
   const bool draw = isatty(STDERR_FILENO) != 0;
