@@ -3,11 +3,14 @@
 #include <xxhash.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/delivery/xxh3_avx2.h"
+#include "server/delivery/xxh3_builds.h"
 
 namespace materializer::delivery {
 namespace {
@@ -15,8 +18,8 @@ namespace {
 XXH3_state_t* State(void* state) { return static_cast<XXH3_state_t*>(state); }
 
 // The XXH3 build every digest of this process uses: libxxhash (SSE2), or
-// the AVX2 build where the CPU has AVX2. The digests are the same; the
-// AVX2 loops are about twice as fast on data in cache.
+// the widest vector build the CPU runs (xxh3_builds.h). The digests are
+// the same; the wider loops are faster on data in cache.
 struct Kernels {
   HashKernel kind;
   void* (*new_state)();
@@ -53,24 +56,56 @@ Kernels SystemKernels() {
   return k;
 }
 
-bool CpuHasAvx2() {
+// Whether the CPU runs `feature` ("avx2", "avx512f").
+bool CpuHas(const char* feature) {
 #if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("avx2");
-#else
-  return false;
+  // __builtin_cpu_supports takes a string literal only.
+  if (feature == std::string_view("avx2")) {
+    return __builtin_cpu_supports("avx2");
+  }
+  if (feature == std::string_view("avx512f")) {
+    return __builtin_cpu_supports("avx512f");
+  }
 #endif
+  (void)feature;
+  return false;
+}
+
+Kernels FromBuild(HashKernel kind, const Xxh3Build& build) {
+  Kernels k;
+  k.kind = kind;
+  k.new_state = build.new_state;
+  k.free = build.free;
+  k.update = build.update;
+  k.digest = build.digest;
+  k.hash = build.hash;
+  return k;
+}
+
+// The build of `kind` if this binary has it and the CPU runs it.
+std::optional<Kernels> KernelsOf(HashKernel kind) {
+  switch (kind) {
+    case HashKernel::kSystem:
+      return SystemKernels();
+    case HashKernel::kAvx2:
+      if (Xxh3Avx2() != nullptr && CpuHas("avx2")) {
+        return FromBuild(kind, *Xxh3Avx2());
+      }
+      return std::nullopt;
+    case HashKernel::kAvx512:
+      if (Xxh3Avx512() != nullptr && CpuHas("avx512f")) {
+        return FromBuild(kind, *Xxh3Avx512());
+      }
+      return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 Kernels ChooseKernels() {
-  if (!xxh3_avx2::compiled() || !CpuHasAvx2()) return SystemKernels();
-  Kernels k;
-  k.kind = HashKernel::kAvx2;
-  k.new_state = xxh3_avx2::NewState;
-  k.free = xxh3_avx2::Free;
-  k.update = xxh3_avx2::Update;
-  k.digest = xxh3_avx2::Digest;
-  k.hash = xxh3_avx2::HashBytes;
-  return k;
+  for (HashKernel kind : {HashKernel::kAvx512, HashKernel::kAvx2}) {
+    if (std::optional<Kernels> k = KernelsOf(kind)) return *k;
+  }
+  return SystemKernels();
 }
 
 const Kernels& Active() {
@@ -91,6 +126,27 @@ Digest128 HashBytes(const void* data, size_t length) {
 Digest128 HashBytesWithSystemLibrary(const void* data, size_t length) {
   Digest128 out;
   SystemKernels().hash(data, length, &out.high, &out.low);
+  return out;
+}
+
+bool HashKernelRuns(HashKernel kind) { return KernelsOf(kind).has_value(); }
+
+std::optional<Digest128> HashBytesWithKernel(HashKernel kind, const void* data,
+                                             size_t length, size_t piece) {
+  std::optional<Kernels> k = KernelsOf(kind);
+  if (!k.has_value()) return std::nullopt;
+  Digest128 out;
+  if (piece == 0) {
+    k->hash(data, length, &out.high, &out.low);
+    return out;
+  }
+  void* state = k->new_state();
+  const char* bytes = static_cast<const char*>(data);
+  for (size_t at = 0; at < length; at += piece) {
+    k->update(state, bytes + at, std::min(piece, length - at));
+  }
+  k->digest(state, &out.high, &out.low);
+  k->free(state);
   return out;
 }
 

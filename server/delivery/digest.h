@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -37,14 +38,23 @@ struct Digest128 {
 Digest128 HashBytes(const void* data, size_t length);
 
 // Which XXH3 build this process hashes with (chosen once, by the CPU):
-// libxxhash as Debian builds it (SSE2), or this project's AVX2 build of
-// the same code (server/delivery/xxh3_avx2.h). Both give the same digests.
-enum class HashKernel { kSystem, kAvx2 };
+// libxxhash as Debian builds it (SSE2), or this project's AVX2 or AVX-512
+// build of the same code (server/delivery/xxh3_builds.h), the widest the
+// CPU runs. All give the same digests.
+enum class HashKernel { kSystem, kAvx2, kAvx512 };
 HashKernel ActiveHashKernel();
 
 // HashBytes through libxxhash whatever ActiveHashKernel() is: the
-// reference the AVX2 build is tested against.
+// reference the vector builds are tested against.
 Digest128 HashBytesWithSystemLibrary(const void* data, size_t length);
+
+// Whether this binary has the build `kind` and the CPU runs it.
+bool HashKernelRuns(HashKernel kind);
+// XXH3-128 of `data` with the build `kind` (nullopt where it does not
+// run): one call, or streamed in pieces of `piece` bytes if nonzero. For
+// tests of every build, whichever one is active.
+std::optional<Digest128> HashBytesWithKernel(HashKernel kind, const void* data,
+                                             size_t length, size_t piece = 0);
 
 // The 16 bytes of a digest, big-endian (xxhash's canonical form, what
 // Python's .digest() returns).

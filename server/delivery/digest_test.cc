@@ -83,19 +83,60 @@ TEST(DigestTest, ActiveKernelMatchesTheSystemLibrary) {
   }
 }
 
-// On an x86-64 CPU with AVX2 the AVX2 build must be the one in use (a
-// build that lost -mavx2 falls back to libxxhash silently otherwise).
-TEST(DigestTest, UsesTheAvx2BuildWhereTheCpuHasIt) {
+// The widest build the CPU runs must be the one in use (a build that lost
+// its -m flag falls back silently otherwise).
+TEST(DigestTest, UsesTheWidestBuildTheCpuRuns) {
 #if defined(__x86_64__)
-  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 on this CPU";
-  EXPECT_EQ(ActiveHashKernel(), HashKernel::kAvx2);
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(ActiveHashKernel(), HashKernel::kAvx512);
+  } else if (__builtin_cpu_supports("avx2")) {
+    EXPECT_EQ(ActiveHashKernel(), HashKernel::kAvx2);
+  } else {
+    EXPECT_EQ(ActiveHashKernel(), HashKernel::kSystem);
+  }
 #else
   EXPECT_EQ(ActiveHashKernel(), HashKernel::kSystem);
 #endif
 }
 
+// Every vector build the CPU runs, not only the active one, gives
+// libxxhash's digests: one-shot and streamed, every length to 2,100 bytes
+// (XXH3's short-input paths) and some large ones, at unaligned starts.
+TEST(DigestTest, EveryBuildTheCpuRunsMatchesTheSystemLibrary) {
+  std::string data(3 << 20, '\0');
+  uint64_t x = 0x2545F4914F6CDD1Du;
+  for (char& c : data) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  std::vector<size_t> sizes;
+  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
+  for (size_t n : {size_t{65537}, size_t{(2 << 20) + 13}}) sizes.push_back(n);
+  int builds = 0;
+  for (HashKernel kind : {HashKernel::kAvx2, HashKernel::kAvx512}) {
+    if (!HashKernelRuns(kind)) continue;
+    ++builds;
+    for (size_t n : sizes) {
+      const char* start = data.data() + (n % 61);
+      const Digest128 want = HashBytesWithSystemLibrary(start, n);
+      ASSERT_EQ(HashBytesWithKernel(kind, start, n), want)
+          << static_cast<int>(kind) << " " << n;
+      ASSERT_EQ(HashBytesWithKernel(kind, start, n, 1 + n % 1000), want)
+          << static_cast<int>(kind) << " " << n;
+    }
+  }
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) {
+    EXPECT_GE(builds, 1);
+  }
+#endif
+}
+
 TEST(DigestTest, CanonicalBytesAreBigEndianHighFirst) {
-  const auto bytes = CanonicalBytes(Digest128{0x0102030405060708u, 0x1112131415161718u});
+  const auto bytes =
+      CanonicalBytes(Digest128{0x0102030405060708u, 0x1112131415161718u});
   EXPECT_EQ(bytes[0], 0x01);
   EXPECT_EQ(bytes[7], 0x08);
   EXPECT_EQ(bytes[8], 0x11);
