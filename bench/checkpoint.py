@@ -175,9 +175,9 @@ def run_ranks(world, address, folder, reps, pool_server=None):
                                f"bench/{NAME}", str(reps), out]
                               + ([pool_server] if pool_server else []))
              for r in range(world)]
-    for p in procs:
+    for rank, p in enumerate(procs):
         if p.wait(timeout=3600) != 0:
-            raise SystemExit(f"a rank exited with {p.returncode}")
+            raise SystemExit(f"rank {rank} exited with {p.returncode}")
     with open(out, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
