@@ -237,10 +237,10 @@ class Client {
 };
 
 // The chunk size the C++ client asks for unless told otherwise, chosen by
-// measurement: a 4 GiB fetch over loopback into this client took 0.95-0.97 s
-// in 2 MiB messages against 1.01-1.07 s in the server's maximum (4 MiB
-// minus 4 KiB), medians of interleaved runs on a 2-core VM; also with its
-// digest check turned off, so the hashing is not why. grpcio (the Python
+// measurement: a 4 GiB fetch over loopback into this client took 0.92-1.01 s
+// in 2 MiB messages against 1.17-1.20 s in the server's maximum (4 MiB
+// minus 4 KiB), medians of interleaved runs on a 2-core VM; 1.12 s against
+// 1.30 s with its digest check turned off, so the hashing is not why. grpcio (the Python
 // client) is the other way round, so the server's default stays at its
 // maximum (bench/RESULTS.md, "Fetch throughput").
 inline constexpr uint32_t kFetchChunkBytes = 2 << 20;

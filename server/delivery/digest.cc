@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,64 +21,52 @@ XXH3_state_t* State(void* state) { return static_cast<XXH3_state_t*>(state); }
 // the same; the wider loops are faster on data in cache.
 struct Kernels {
   HashKernel kind;
-  void* (*new_state)();
-  void (*free)(void*);
-  void (*update)(void*, const void*, size_t);
-  void (*digest)(const void*, uint64_t*, uint64_t*);
-  void (*hash)(const void*, size_t, uint64_t*, uint64_t*);
+  Xxh3Build fns;
 };
 
 Kernels SystemKernels() {
-  Kernels k;
-  k.kind = HashKernel::kSystem;
-  k.new_state = [] {
+  Xxh3Build fns;
+  fns.new_state = [] {
     XXH3_state_t* state = XXH3_createState();
     if (state == nullptr) std::abort();  // out of memory for 600 bytes
     XXH3_128bits_reset(state);
     return static_cast<void*>(state);
   };
-  k.free = [](void* state) { XXH3_freeState(State(state)); };
-  k.update = [](void* state, const void* data, size_t length) {
+  fns.free = [](void* state) { XXH3_freeState(State(state)); };
+  fns.update = [](void* state, const void* data, size_t length) {
     XXH3_128bits_update(State(state), data, length);
   };
-  k.digest = [](const void* state, uint64_t* high, uint64_t* low) {
+  fns.digest = [](const void* state, uint64_t* high, uint64_t* low) {
     const XXH128_hash_t hash =
         XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state));
     *high = hash.high64;
     *low = hash.low64;
   };
-  k.hash = [](const void* data, size_t length, uint64_t* high, uint64_t* low) {
+  fns.hash = [](const void* data, size_t length, uint64_t* high,
+                uint64_t* low) {
     const XXH128_hash_t hash = XXH3_128bits(data, length);
     *high = hash.high64;
     *low = hash.low64;
   };
-  return k;
+  return {HashKernel::kSystem, fns};
 }
 
-// Whether the CPU runs `feature` ("avx2", "avx512f").
-bool CpuHas(const char* feature) {
+// Whether the CPU runs the instructions (__builtin_cpu_supports takes a
+// string literal only, hence one function each).
+bool CpuHasAvx2() {
 #if defined(__x86_64__) || defined(__i386__)
-  // __builtin_cpu_supports takes a string literal only.
-  if (feature == std::string_view("avx2")) {
-    return __builtin_cpu_supports("avx2");
-  }
-  if (feature == std::string_view("avx512f")) {
-    return __builtin_cpu_supports("avx512f");
-  }
-#endif
-  (void)feature;
+  return __builtin_cpu_supports("avx2");
+#else
   return false;
+#endif
 }
 
-Kernels FromBuild(HashKernel kind, const Xxh3Build& build) {
-  Kernels k;
-  k.kind = kind;
-  k.new_state = build.new_state;
-  k.free = build.free;
-  k.update = build.update;
-  k.digest = build.digest;
-  k.hash = build.hash;
-  return k;
+bool CpuHasAvx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
 }
 
 // The build of `kind` if this binary has it and the CPU runs it.
@@ -88,13 +75,13 @@ std::optional<Kernels> KernelsOf(HashKernel kind) {
     case HashKernel::kSystem:
       return SystemKernels();
     case HashKernel::kAvx2:
-      if (Xxh3Avx2() != nullptr && CpuHas("avx2")) {
-        return FromBuild(kind, *Xxh3Avx2());
+      if (Xxh3Avx2() != nullptr && CpuHasAvx2()) {
+        return Kernels{kind, *Xxh3Avx2()};
       }
       return std::nullopt;
     case HashKernel::kAvx512:
-      if (Xxh3Avx512() != nullptr && CpuHas("avx512f")) {
-        return FromBuild(kind, *Xxh3Avx512());
+      if (Xxh3Avx512() != nullptr && CpuHasAvx512()) {
+        return Kernels{kind, *Xxh3Avx512()};
       }
       return std::nullopt;
   }
@@ -119,13 +106,13 @@ HashKernel ActiveHashKernel() { return Active().kind; }
 
 Digest128 HashBytes(const void* data, size_t length) {
   Digest128 out;
-  Active().hash(data, length, &out.high, &out.low);
+  Active().fns.hash(data, length, &out.high, &out.low);
   return out;
 }
 
 Digest128 HashBytesWithSystemLibrary(const void* data, size_t length) {
   Digest128 out;
-  SystemKernels().hash(data, length, &out.high, &out.low);
+  SystemKernels().fns.hash(data, length, &out.high, &out.low);
   return out;
 }
 
@@ -137,16 +124,16 @@ std::optional<Digest128> HashBytesWithKernel(HashKernel kind, const void* data,
   if (!k.has_value()) return std::nullopt;
   Digest128 out;
   if (piece == 0) {
-    k->hash(data, length, &out.high, &out.low);
+    k->fns.hash(data, length, &out.high, &out.low);
     return out;
   }
-  void* state = k->new_state();
+  void* state = k->fns.new_state();
   const char* bytes = static_cast<const char*>(data);
   for (size_t at = 0; at < length; at += piece) {
-    k->update(state, bytes + at, std::min(piece, length - at));
+    k->fns.update(state, bytes + at, std::min(piece, length - at));
   }
-  k->digest(state, &out.high, &out.low);
-  k->free(state);
+  k->fns.digest(state, &out.high, &out.low);
+  k->fns.free(state);
   return out;
 }
 
@@ -170,10 +157,10 @@ std::string FormatDigest(const Digest128& digest) {
                       absl::Hex(digest.low, absl::kZeroPad16));
 }
 
-Hasher::Hasher() : state_(Active().new_state()) {}
+Hasher::Hasher() : state_(Active().fns.new_state()) {}
 
 Hasher::~Hasher() {
-  if (state_ != nullptr) Active().free(state_);
+  if (state_ != nullptr) Active().fns.free(state_);
 }
 
 Hasher::Hasher(Hasher&& other) noexcept
@@ -182,7 +169,7 @@ Hasher::Hasher(Hasher&& other) noexcept
 
 Hasher& Hasher::operator=(Hasher&& other) noexcept {
   if (this != &other) {
-    if (state_ != nullptr) Active().free(state_);
+    if (state_ != nullptr) Active().fns.free(state_);
     state_ = std::exchange(other.state_, nullptr);
     length_ = std::exchange(other.length_, 0);
   }
@@ -191,13 +178,13 @@ Hasher& Hasher::operator=(Hasher&& other) noexcept {
 
 void Hasher::Update(const void* data, size_t length) {
   if (length == 0) return;
-  Active().update(state_, data, length);
+  Active().fns.update(state_, data, length);
   length_ += length;
 }
 
 Digest128 Hasher::Finish() const {
   Digest128 out;
-  Active().digest(state_, &out.high, &out.low);
+  Active().fns.digest(state_, &out.high, &out.low);
   return out;
 }
 

@@ -1,6 +1,7 @@
 #include "server/delivery/digest.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,28 @@ std::string Pattern() {
     for (int b = 0; b < 256; ++b) out.push_back(static_cast<char>(b));
   }
   return out;
+}
+
+// 3 MiB of xorshift noise from `seed`.
+std::string NoiseBytes(uint64_t seed) {
+  std::string data(3 << 20, '\0');
+  uint64_t x = seed;
+  for (char& c : data) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x);
+  }
+  return data;
+}
+
+// Every byte count from 0 to 2,100 (XXH3 has separate paths up to 16, 128,
+// 240 bytes and per 1 KiB stripe block), then `large` ones.
+std::vector<size_t> LengthsToCheck(std::initializer_list<size_t> large) {
+  std::vector<size_t> sizes;
+  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
+  sizes.insert(sizes.end(), large);
+  return sizes;
 }
 
 // Expected values from Python: xxhash.xxh3_128(data).hexdigest() and
@@ -55,20 +78,9 @@ TEST(DigestTest, MovedHasherKeepsItsState) {
 // starts, one-shot and streamed in uneven pieces: the kernel this process
 // uses gives libxxhash's digests.
 TEST(DigestTest, ActiveKernelMatchesTheSystemLibrary) {
-  std::string data(3 << 20, '\0');
-  uint64_t x = 0x9E3779B97F4A7C15u;
-  for (char& c : data) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    c = static_cast<char>(x);
-  }
-  std::vector<size_t> sizes;
-  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
-  for (size_t n : {size_t{4095}, size_t{65536}, size_t{65537}, size_t{1 << 20},
-                   size_t{(2 << 20) + 13}}) {
-    sizes.push_back(n);
-  }
+  const std::string data = NoiseBytes(0x9E3779B97F4A7C15u);
+  const std::vector<size_t> sizes =
+      LengthsToCheck({4095, 65536, 65537, 1 << 20, (2 << 20) + 13});
   for (size_t n : sizes) {
     const char* start = data.data() + (n % 61);
     const Digest128 want = HashBytesWithSystemLibrary(start, n);
@@ -103,17 +115,8 @@ TEST(DigestTest, UsesTheWidestBuildTheCpuRuns) {
 // libxxhash's digests: one-shot and streamed, every length to 2,100 bytes
 // (XXH3's short-input paths) and some large ones, at unaligned starts.
 TEST(DigestTest, EveryBuildTheCpuRunsMatchesTheSystemLibrary) {
-  std::string data(3 << 20, '\0');
-  uint64_t x = 0x2545F4914F6CDD1Du;
-  for (char& c : data) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    c = static_cast<char>(x);
-  }
-  std::vector<size_t> sizes;
-  for (size_t n = 0; n <= 2100; ++n) sizes.push_back(n);
-  for (size_t n : {size_t{65537}, size_t{(2 << 20) + 13}}) sizes.push_back(n);
+  const std::string data = NoiseBytes(0x2545F4914F6CDD1Du);
+  const std::vector<size_t> sizes = LengthsToCheck({65537, (2 << 20) + 13});
   int builds = 0;
   for (HashKernel kind : {HashKernel::kAvx2, HashKernel::kAvx512}) {
     if (!HashKernelRuns(kind)) continue;
