@@ -63,6 +63,20 @@ def protobuf_requirement():
     return f"protobuf>={major}.{minor},<{major + 1}"
 
 
+def grpcio_requirement():
+    """The generated *_pb2_grpc.py refuses, at import, a grpcio older than
+    the grpcio-tools that generated it; pip must know that too (a newer
+    grpcio-tools on PyPI than the grpcio already installed broke the
+    installed package's import otherwise)."""
+    try:
+        from importlib.metadata import version
+        v = version("grpcio-tools")
+    except Exception:  # noqa: BLE001 (no metadata: leave the bound loose)
+        return "grpcio>=1.62"
+    m = re.match(r"(\d+\.\d+\.\d+)", v)
+    return f"grpcio>={m.group(1)}" if m else "grpcio>=1.62"
+
+
 # The torch the tests cover: the project venv's (requirements.txt pins
 # torch==2.11.0, whose LibTorch the server links). A looser bound lets pip
 # pick a newer torch (and its CUDA wheels, gigabytes) that nothing tested.
@@ -72,7 +86,7 @@ setup(
     cmdclass={"build_py": BuildWithProtos},
     install_requires=[
         TORCH_REQUIREMENT,
-        "grpcio>=1.62",
+        grpcio_requirement(),
         protobuf_requirement(),
         "numpy",
         "xxhash>=3",
