@@ -34,6 +34,12 @@ before the call; it is stopped right after, so no other path runs while
 it holds that memory.
 With --ranks, the ranks time "sdk Shard(0), pool" too.
 
+--huge-pages (as root) adds "sdk bf16, huge pages" and "sdk fp32, huge
+pages": a second long-running server whose --shm_dir is a tmpfs this
+benchmark mounts with huge=within_size (unmounted at the end), so that
+the trainer's weights arrive in fresh 2 MiB pages instead of 4 KiB ones;
+with --ranks, "sdk Shard(0), huge pages" too.
+
 --ranks N adds N ranks on this host (gloo, bench/checkpoint_ranks.py; with
 --ranks-only, only they run, and their tables are printed):
 each rank's from_pretrained then its Shard(0) rows, against the SDK
@@ -163,7 +169,30 @@ def warm_up_load(client):
                              transport="stream", part_bytes=0, progress=False)
 
 
-def run_ranks(world, address, folder, reps, pool_server=None):
+def mount_huge_tmpfs():
+    """A tmpfs mounted huge=within_size under the temporary directory (as
+    root); returns its path."""
+    where = tempfile.mkdtemp(prefix="materializer-huge-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12g,huge=within_size,mode=1777",
+                    "tmpfs", where], check=True)
+    return where
+
+
+def shmem_huge_bytes():
+    """Shared memory held in 2 MiB pages now (ShmemHugePages)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("ShmemHugePages:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def unmount(where):
+    subprocess.run(["umount", "--lazy", where], check=False)  # mappings may outlive it
+    os.rmdir(where)
+
+
+def run_ranks(world, address, folder, reps, pool_server=None, huge_address=None):
     """bench/checkpoint_ranks.py on `world` processes; rank 0's records."""
     import socket
     with socket.socket() as s:
@@ -173,7 +202,7 @@ def run_ranks(world, address, folder, reps, pool_server=None):
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "checkpoint_ranks.py"),
                                str(r), str(world), port, address, folder,
                                f"bench/{NAME}", str(reps), out]
-                              + ([pool_server] if pool_server else []))
+                              + [pool_server or "null", huge_address or ""])
              for r in range(world)]
     for rank, p in enumerate(procs):
         if p.wait(timeout=3600) != 0:
@@ -186,7 +215,8 @@ def ranks_table(ranks, world):
     """Markdown lines for run_ranks' records: wall and peak against hf, then
     the phases."""
     by = {p: [r for r in ranks if r["path"] == p]
-          for p in ("hf + shard", "sdk Shard(0)", "sdk Shard(0), pool")}
+          for p in ("hf + shard", "sdk Shard(0)", "sdk Shard(0), pool",
+                    "sdk Shard(0), huge pages")}
     by = {p: rs for p, rs in by.items() if rs}
     base_wall = med([r["wall"] for r in by["hf + shard"]])
     base_peak = med([max(r["peaks"]) for r in by["hf + shard"]])
@@ -259,6 +289,8 @@ def main():
         "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
     ap.add_argument("--pool", default="4.5GiB",
                     help="--shm_pool_bytes of a second server, timed as '... pool' (0: none)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="as root: also time a server whose --shm_dir is a huge-page tmpfs")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
@@ -280,19 +312,33 @@ def main():
     svc = bench_run.Service(args.server, args.proto, args.threads,
                             extra_args=[f"--checkpoint_roots=bench={args.dir}"])
     client = materializer.Client(svc.address)
+    huge_dir = huge_svc = huge_client = None
+    if args.huge_pages:
+        huge_dir = mount_huge_tmpfs()
+        huge_svc = bench_run.Service(args.server, args.proto, args.threads,
+                                     extra_args=[f"--checkpoint_roots=bench={args.dir}",
+                                                 f"--shm_dir={huge_dir}"])
+        huge_client = materializer.Client(huge_svc.address)
+    huge_address = huge_svc.address if huge_svc else None
     pooled = args.pool != "0"
     pool_server = json.dumps({"server": args.server, "proto": args.proto,
                               "threads": args.threads, "pool": args.pool,
                               "root": f"bench={args.dir}"}) if pooled else None
     if args.ranks_only:
         try:
-            ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server)
+            ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server,
+                              huge_address)
             client.close()
         finally:
             svc.stop()
+            if huge_svc:
+                huge_client.close()
+                huge_svc.stop()
+                unmount(huge_dir)
         print("\n".join(ranks_table(ranks, args.ranks)))
         return
-    paths = list(PATHS) + (["sdk bf16, pool", "sdk fp32, pool"] if pooled else [])
+    paths = (list(PATHS) + (["sdk bf16, pool", "sdk fp32, pool"] if pooled else [])
+             + (["sdk bf16, huge pages", "sdk fp32, huge pages"] if huge_svc else []))
 
     def pooled_load(dtype):
         with bench_run.pooled_service(
@@ -327,7 +373,11 @@ def main():
                     if p.startswith("hf"):
                         model, wall, ph = hf_load(folder, dtype)
                     else:
-                        model, wall, ph = sdk_load(client, dtype)
+                        model, wall, ph = sdk_load(
+                            huge_client if p.endswith("huge pages") else client, dtype)
+                        # How much of the module came in 2 MiB pages (the
+                        # kernel gives 4 KiB ones when it has no free 2 MiB).
+                        ph["huge_bytes"] = shmem_huge_bytes()
                     write = write_once(model)
                     assert all(t.dtype == dtype for t in model.parameters())
                     del model
@@ -361,11 +411,18 @@ def main():
                         gc.collect()
                     print(f"cold rep {i + 1}: {what} {cold[what][-1]:.3f} s", file=sys.stderr)
         if args.ranks:
-            ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server)
+            ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server,
+                              huge_address)
         client.close()
         svc.check_idle()
+        if huge_svc:
+            huge_client.close()
+            huge_svc.check_idle()
     finally:
         svc.stop()
+        if huge_svc:
+            huge_svc.stop()
+            unmount(huge_dir)
     load_after = os.getloadavg()[0]
 
     ready = {p: [t + w for t, w in zip(times[p], writes[p])] for p in paths}
@@ -381,11 +438,19 @@ def main():
     ]
     for dt in ("bf16", "fp32"):
         base = med(ready[f"hf {dt}"])
-        for p in (f"hf {dt}", f"sdk {dt}") + ((f"sdk {dt}, pool",) if pooled else ()):
-            label = "sdk, pool" if p.endswith("pool") else p.split()[0]
+        for p in ((f"hf {dt}", f"sdk {dt}") + ((f"sdk {dt}, pool",) if pooled else ())
+                  + ((f"sdk {dt}, huge pages",) if huge_svc else ())):
+            label = "sdk, " + p.split(", ")[1] if ", " in p else p.split()[0]
             lines.append(f"| {dt} | {label} | {span(times[p])} | "
                          f"{bench_run.ms(med(writes[p]))} | {span(ready[p])} | "
                          f"**{base / med(ready[p]):.2f}** |")
+    if huge_svc:
+        lines += ["", "Shared memory in 2 MiB pages right after each 'huge pages' load "
+                  "(ShmemHugePages, the module alive; median, min-max): " + "; ".join(
+                      f"{dt} {med([ph['huge_bytes'] for ph in phases[f'sdk {dt}, huge pages']]) / 1e9:.2f} GB "
+                      f"({min(ph['huge_bytes'] for ph in phases[f'sdk {dt}, huge pages']) / 1e9:.2f}-"
+                      f"{max(ph['huge_bytes'] for ph in phases[f'sdk {dt}, huge pages']) / 1e9:.2f})"
+                      for dt in ("bf16", "fp32")) + "."]
     sdk_phases = [ph for ph in phases["sdk bf16"]]
     lines += ["", "SDK phases (bf16, medians, ms): " + ", ".join(
         f"{k} {bench_run.ms(med([ph[k] for ph in sdk_phases]))}"
@@ -437,6 +502,8 @@ def main():
             *([f"- 'pool' rows: a server started for each of their measurements with "
                f"`--shm_pool_bytes={args.pool}` (warmed up by one load, its pool full), "
                "stopped after"] if pooled else []),
+            *(["- 'huge pages' rows: a second long-running server with `--shm_dir` on a "
+               "tmpfs mounted `huge=within_size` (fresh 2 MiB pages)"] if huge_svc else []),
             "",
             table,
         ])

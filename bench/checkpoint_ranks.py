@@ -15,6 +15,8 @@ each timing, in interleaved repetitions,
                (bench/run.py's pooled_service: warmed up by one load of the
                checkpoint, pool full)
                and stops after it;
+  sdk Shard(0), huge pages  (with HUGE_ADDRESS) the same against a
+               long-running server whose --shm_dir is a huge-page tmpfs;
 
 each followed by the first write of this rank's weights. Every repetition
 starts at a barrier and ends at one; rank 0 writes the wall times, every
@@ -22,7 +24,7 @@ rank's peak RSS growth and every rank's phases (seconds: hf = load, shard;
 sdk = build on meta, materialize; both = first write, then the wait at the
 last barrier) to OUT (JSON lines).
 
-    checkpoint_ranks.py RANK WORLD PORT ADDRESS FOLDER CHECKPOINT REPS OUT [POOL_SERVER]
+    checkpoint_ranks.py RANK WORLD PORT ADDRESS FOLDER CHECKPOINT REPS OUT [POOL_SERVER|null [HUGE_ADDRESS]]
 """
 
 import gc
@@ -84,6 +86,7 @@ def sdk_path(client, checkpoint, mesh):
 def main():
     rank, world, port, address, folder, checkpoint, reps, out = sys.argv[1:9]
     pool_server = json.loads(sys.argv[9]) if len(sys.argv) > 9 else None
+    huge_address = sys.argv[10] if len(sys.argv) > 10 and sys.argv[10] else None
     rank, world, reps = int(rank), int(world), int(reps)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -94,9 +97,11 @@ def main():
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (world,))
     client = materializer.Client(address)
+    huge_client = materializer.Client(huge_address) if huge_address else None
     records = []
     for i in range(reps + 1):   # the first is a warm-up
-        order = ["hf + shard", "sdk Shard(0)"] + (["sdk Shard(0), pool"] if pool_server else [])
+        order = (["hf + shard", "sdk Shard(0)"] + (["sdk Shard(0), pool"] if pool_server else [])
+                 + (["sdk Shard(0), huge pages"] if huge_client else []))
         random.Random(i).shuffle(order)
         for path in order:
             gc.collect()
@@ -119,7 +124,9 @@ def main():
             if path == "hf + shard":
                 model, phases = hf_path(folder, mesh, rank, world)
             else:
-                model, phases = sdk_path(pooled or client, checkpoint, mesh)
+                model, phases = sdk_path(
+                    pooled or (huge_client if path.endswith("huge pages") else client),
+                    checkpoint, mesh)
             phases["first write"] = write_once(model)
             t_written = time.perf_counter()
             local = sum(p._local_tensor.numel() * p._local_tensor.element_size()
@@ -149,6 +156,8 @@ def main():
                       f"phases of rank 0 {({k: round(v, 3) for k, v in phases.items()})}",
                       file=sys.stderr, flush=True)
     client.close()
+    if huge_client:
+        huge_client.close()
     if rank == 0:
         with open(out, "w", encoding="utf-8") as f:
             for r in records:

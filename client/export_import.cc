@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -60,6 +61,28 @@ const CudaRuntime* Runtime() {
   return runtime;
 }
 
+// Reserves `bytes` of address space (PROT_NONE), starting on a 2 MiB
+// boundary when it is that large: the server's segments start at multiples
+// of 2 MiB, and a file in a huge-page tmpfs (the server's --shm_dir) is
+// mapped with 2 MiB pages only at an address aligned as its offset is.
+// Null on failure (errno set).
+void* ReserveOnHugePageBoundary(uint64_t bytes) {
+  constexpr uint64_t kHugePage = uint64_t{2} << 20;
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  const uint64_t padded = bytes >= kHugePage ? bytes + kHugePage : bytes;
+  void* range = ::mmap(nullptr, padded, PROT_NONE, flags, -1, 0);
+  if (range == MAP_FAILED) return nullptr;
+  if (padded == bytes) return range;
+  const auto start = reinterpret_cast<uintptr_t>(range);
+  const uintptr_t base = (start + kHugePage - 1) & ~uintptr_t{kHugePage - 1};
+  if (base > start) ::munmap(range, base - start);
+  if (start + padded > base + bytes) {
+    ::munmap(reinterpret_cast<void*>(base + bytes),
+             start + padded - (base + bytes));
+  }
+  return reinterpret_cast<void*>(base);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const ExportImport>> ExportImport::Open(
@@ -99,9 +122,8 @@ absl::StatusOr<std::shared_ptr<const ExportImport>> ExportImport::Open(
     const uint64_t mapped = (import->size_ + page - 1) / page * page;
     std::byte* base = nullptr;
     if (mapped > 0) {
-      void* region = ::mmap(nullptr, mapped, PROT_NONE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (region == MAP_FAILED) {
+      void* region = ReserveOnHugePageBoundary(mapped);
+      if (region == nullptr) {
         return absl::ErrnoToStatus(errno, "reserving the export's range");
       }
       base = static_cast<std::byte*>(region);

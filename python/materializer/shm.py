@@ -1,9 +1,10 @@
 """Map a CPU export of materializerd as torch tensors, without copying.
 
 ExportHandle on a handle materialized with `exportable: true` answers with a
-SharedMemoryExport: a 0600 file under /dev/shm holding the handle's arena,
-and every tensor's offset in it. This module maps that file into the
-calling process and views each tensor over the mapping:
+SharedMemoryExport: a 0600 file under /dev/shm (the server's --shm_dir)
+holding the handle's arena, and every tensor's offset in it. This module
+maps that file into the calling process and views each tensor over the
+mapping:
 
     exported = stub.ExportHandle(ExportRequest(handle=h), metadata=md)
     with shm.map_export(exported) as imported:
@@ -107,6 +108,34 @@ def _check_segments(segments, size):
         raise ValueError(f"the export's segments cover {at} bytes, not its {size}")
 
 
+_HUGE_PAGE = 2 << 20
+
+
+def _reserve(mapped):
+    """Reserves `mapped` bytes of address space (PROT_NONE), starting on a
+    2 MiB boundary when it is that large: the server's segments start at
+    multiples of 2 MiB, and a file in a huge-page tmpfs (the server's
+    --shm_dir) is mapped with 2 MiB pages only at an address aligned as
+    its offset is. Returns the address, or None."""
+    import ctypes
+    libc = _libc()
+    flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE
+    failed = (None, ctypes.c_void_p(-1).value)
+    if mapped < _HUGE_PAGE:
+        base = libc.mmap(None, mapped, _PROT_NONE, flags, -1, 0)
+        return None if base in failed else base
+    padded = mapped + _HUGE_PAGE
+    start = libc.mmap(None, padded, _PROT_NONE, flags, -1, 0)
+    if start in failed:
+        return None
+    base = (start + _HUGE_PAGE - 1) // _HUGE_PAGE * _HUGE_PAGE
+    if base > start:
+        libc.munmap(start, base - start)
+    if start + padded > base + mapped:
+        libc.munmap(base + mapped, start + padded - (base + mapped))
+    return base
+
+
 def _map_segments(fds, segments, size, mode):
     """Maps each segment's file at its offset of one reserved range and
     returns a buffer over the range; the range is unmapped when the last
@@ -116,9 +145,8 @@ def _map_segments(fds, segments, size, mode):
     libc = _libc()
     page = mmap.PAGESIZE
     mapped = (size + page - 1) // page * page
-    base = libc.mmap(None, mapped, _PROT_NONE,
-                     _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-    if base in (None, ctypes.c_void_p(-1).value):
+    base = _reserve(mapped)
+    if base is None:
         raise OSError(ctypes.get_errno(), f"reserving {size} bytes of address space")
     prot = _PROT_READ if mode == "read-only" else _PROT_READ | _PROT_WRITE
     flags = (_MAP_PRIVATE if mode == "private" else _MAP_SHARED) | _MAP_FIXED

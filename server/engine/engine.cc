@@ -131,10 +131,12 @@ google::protobuf::Timestamp ToProto(absl::Time time) {
 }
 
 memory::ArenaOptions ArenaOptionsFor(const registry::HandleSpec& spec,
-                                     memory::SharedMemoryPool* shm_pool) {
+                                     memory::SharedMemoryPool* shm_pool,
+                                     const std::string& shm_dir) {
   memory::ArenaOptions options;
   options.shared_memory = spec.exportable;
   options.shared_memory_pool = shm_pool;
+  options.shared_memory_dir = shm_dir;
   return options;
 }
 
@@ -148,6 +150,7 @@ absl::Status Build(registry::Handle& handle,
                    const std::vector<init::ResolvedInit>& inits,
                    const load::LoadPlan* load, load::RangeCache* cache,
                    memory::SharedMemoryPool* shm_pool,
+                   const std::string& shm_dir,
                    v1::CheckpointReport* report, v1::PhaseTimings* timings,
                    const Cancelled& cancelled) {
   const registry::HandleSpec& spec = handle.spec();
@@ -159,7 +162,8 @@ absl::Status Build(registry::Handle& handle,
   if (parts == nullptr) {
     ASSIGN_OR_RETURN(arena, memory::Arena::Allocate(
                                 std::move(reservations.front()), spec.tensors,
-                                spec.layout, ArenaOptionsFor(spec, shm_pool)));
+                                spec.layout,
+                                ArenaOptionsFor(spec, shm_pool, shm_dir)));
   } else {
     // Split: one arena per device, seen as one.
     std::vector<std::unique_ptr<memory::Arena>> allocated;
@@ -473,13 +477,14 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     workers_->Schedule(caller.identity, [handle, moved_reservations, parts,
                                          inits, load_plan, cache, start,
                                          shm_pool = options_.shm_pool,
+                                         shm_dir = options_.shm_dir,
                                          before = *timings,
                                          metrics = options_.metrics] {
       v1::PhaseTimings build = before;
       v1::CheckpointReport report;  // no one to tell; Describe says more
       absl::Status status =
           Build(*handle, std::move(*moved_reservations), parts.get(), *inits,
-                load_plan.get(), cache, shm_pool, &report, &build,
+                load_plan.get(), cache, shm_pool, shm_dir, &report, &build,
                 /*cancelled=*/[handle] { return handle->released(); });
       if (!status.ok()) {
         MLOG(WARNING) << "async materialization of " << handle->id()
@@ -498,7 +503,8 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   absl::Status status =
       Build(*handle, std::move(reservations), parts.get(),
             prepared.resolution.inits, load_plan.get(), cache,
-            options_.shm_pool, load_plan != nullptr ? response.mutable_checkpoint() : nullptr,
+            options_.shm_pool, options_.shm_dir,
+            load_plan != nullptr ? response.mutable_checkpoint() : nullptr,
             timings, cancelled);
   if (!status.ok()) {
     registry_->Forget(handle->id());

@@ -67,6 +67,8 @@ struct EngineOptions {
   // Resident shared memory for exportable CPU arenas (--shm_pool_bytes);
   // null: every such arena gets fresh pages.
   memory::SharedMemoryPool* shm_pool = nullptr;
+  // Where an exportable CPU arena's fresh file goes (--shm_dir).
+  std::string shm_dir = "/dev/shm";
 };
 
 // Thread-safe. The pool, registry, worker pool and what `options` points to

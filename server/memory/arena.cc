@@ -251,10 +251,10 @@ absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
   };
   if (bytes > 0) {
     // Reserve the range; each segment's mapping replaces its part.
-    region = mmap(nullptr, mapped, PROT_NONE,
-                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (region == MAP_FAILED) {
-      region = nullptr;
+    // On a 2 MiB boundary: every segment starts at a multiple of 2 MiB
+    // (slabs are 128 MiB), so a huge-page tmpfs maps it with 2 MiB pages.
+    region = ReserveAddressSpace(mapped);
+    if (region == nullptr) {
       return fail(absl::ResourceExhaustedError(absl::StrCat(
           "cannot reserve ", FormatBytes(bytes), " of address space: ",
           std::strerror(errno))));

@@ -5,13 +5,17 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -19,6 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "server/common/log.h"
 #include "server/common/random_hex.h"
@@ -41,7 +47,129 @@ constexpr char kShmPrefix[] = "materializer-";
 // fresh file safe between its create and its flock).
 constexpr absl::Duration kStaleAge = absl::Minutes(1);
 
+constexpr long kTmpfsMagic = 0x01021994;  // statfs f_type of tmpfs
+
+// /proc/self/mountinfo writes a space, tab, newline or backslash in a path
+// as a backslash and three octal digits.
+std::string UnescapeMountPath(absl::string_view escaped) {
+  auto octal = [](char c) { return c >= '0' && c <= '7'; };
+  std::string path;
+  for (size_t i = 0; i < escaped.size(); ++i) {
+    if (escaped[i] == '\\' && i + 3 < escaped.size() &&
+        octal(escaped[i + 1]) && octal(escaped[i + 2]) &&
+        octal(escaped[i + 3])) {
+      path.push_back(static_cast<char>((escaped[i + 1] - '0') * 64 +
+                                       (escaped[i + 2] - '0') * 8 +
+                                       (escaped[i + 3] - '0')));
+      i += 3;
+    } else {
+      path.push_back(escaped[i]);
+    }
+  }
+  return path;
+}
+
+bool MountCovers(absl::string_view mount_point, absl::string_view path) {
+  if (mount_point == "/") return true;
+  return absl::StartsWith(path, mount_point) &&
+         (path.size() == mount_point.size() ||
+          path[mount_point.size()] == '/');
+}
+
+// The bracketed choice of a sysfs setting ("always [never] ..."), or "".
+std::string SelectedSetting(const std::string& file) {
+  std::ifstream in(file);
+  std::string line;
+  std::getline(in, line);
+  const size_t open = line.find('[');
+  const size_t close = line.find(']', open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return line.substr(open + 1, close - open - 1);
+}
+
 }  // namespace
+
+absl::StatusOr<SharedMemoryDirInfo> InspectSharedMemoryDir(
+    const std::string& dir) {
+  char resolved[PATH_MAX];
+  struct stat st;
+  if (realpath(dir.c_str(), resolved) == nullptr ||
+      stat(resolved, &st) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory directory ", dir, ": ", std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory directory ", dir, ": not a directory"));
+  }
+  struct statfs fs;
+  if (statfs(resolved, &fs) != 0 ||
+      static_cast<long>(fs.f_type) != kTmpfsMagic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory directory ", dir,
+        ": not on a tmpfs (its files would be written to a disk)"));
+  }
+  if (access(resolved, W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared-memory directory ", dir, ": cannot create files there: ",
+        std::strerror(errno)));
+  }
+  SharedMemoryDirInfo info;
+  // The mount holding the directory: the longest mount point that covers
+  // it, the later line winning (a mount over an earlier one).
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mountinfo, line)) {
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    size_t dash = 0;
+    while (dash < fields.size() && fields[dash] != "-") ++dash;
+    if (fields.size() < 5 || dash + 3 >= fields.size()) continue;
+    const std::string mount_point = UnescapeMountPath(fields[4]);
+    if (!MountCovers(mount_point, resolved) ||
+        mount_point.size() < info.mount_point.size()) {
+      continue;
+    }
+    info.mount_point = mount_point;
+    info.huge = "never";
+    if (fields[dash + 1] != "tmpfs") continue;
+    for (absl::string_view option : absl::StrSplit(fields[dash + 3], ',')) {
+      if (absl::ConsumePrefix(&option, "huge=")) info.huge = std::string(option);
+    }
+  }
+  const std::string system_wide =
+      SelectedSetting("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  if (system_wide == "deny" || system_wide == "force") info.huge = system_wide;
+  // Not "advise": the server does not advise (MADV_HUGEPAGE would make a
+  // fault wait for compaction under the usual THP defrag setting;
+  // docs/architecture.md, "Host memory"). Without the advice a huge page
+  // is taken when one is free, and 4 KiB pages otherwise.
+  info.huge_pages = info.huge == "always" || info.huge == "within_size" ||
+                    info.huge == "force";
+  return info;
+}
+
+std::byte* ReserveAddressSpace(uint64_t bytes) {
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  if (bytes < kHugePageBytes) {
+    void* range = mmap(nullptr, bytes, PROT_NONE, flags, -1, 0);
+    return range == MAP_FAILED ? nullptr : static_cast<std::byte*>(range);
+  }
+  // Reserve a huge page more than asked, then give back the ends that lie
+  // outside the aligned range.
+  const uint64_t padded = bytes + kHugePageBytes;
+  void* range = mmap(nullptr, padded, PROT_NONE, flags, -1, 0);
+  if (range == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<uintptr_t>(range);
+  const uintptr_t aligned =
+      (start + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
+  if (aligned > start) munmap(range, aligned - start);
+  const uintptr_t end = start + padded;
+  if (end > aligned + bytes) {
+    munmap(reinterpret_cast<void*>(aligned + bytes), end - (aligned + bytes));
+  }
+  return reinterpret_cast<std::byte*>(aligned);
+}
 
 absl::StatusOr<bool> PopulateForWrite(std::byte* pages, uint64_t bytes,
                                       int threads, absl::string_view what) {

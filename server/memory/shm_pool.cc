@@ -32,10 +32,16 @@ absl::StatusOr<SharedMemorySlab> NewSlab(const std::string& dir,
   slab.path = file->path;
   slab.fd = file->fd;
   slab.bytes = bytes;
-  void* pages =
-      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slab.fd, 0);
+  // At a 2 MiB boundary, so that a huge-page tmpfs maps it with 2 MiB
+  // pages (and mremap keeps them when the slab joins an arena).
+  std::byte* range = ReserveAddressSpace(bytes);
+  void* pages = range == nullptr
+                    ? MAP_FAILED
+                    : mmap(range, bytes, PROT_READ | PROT_WRITE,
+                           MAP_SHARED | MAP_FIXED, slab.fd, 0);
   if (pages == MAP_FAILED) {
     const int error = errno;
+    if (range != nullptr) munmap(range, bytes);
     ReleaseSlab(slab);
     return absl::ResourceExhaustedError(absl::StrCat(
         "cannot map a shared-memory slab: ", std::strerror(error)));

@@ -25,6 +25,7 @@
 #include "server/memory/gpu_driver.h"
 #include "server/memory/gpu_report.h"
 #include "server/memory/nvml_driver.h"
+#include "server/memory/shm_file.h"
 #include "server/metrics/metrics.h"
 #include "server/metrics/metrics_server.h"
 #include "server/metrics/session_reporter.h"
@@ -176,9 +177,30 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(absl::StrCat(
         "--shm_pool_bytes: ", shm_pool_bytes.status().message()));
   }
+  // The default directory may be missing (a container without /dev/shm):
+  // then only exports fail. One named on the command line must be usable.
+  absl::StatusOr<memory::SharedMemoryDirInfo> shm_dir =
+      memory::InspectSharedMemoryDir(options.shm_dir);
+  if (!shm_dir.ok()) {
+    if (options.shm_dir != ServerOptions().shm_dir) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shm_dir: ", shm_dir.status().message()));
+    }
+    MLOG(WARNING) << shm_dir.status().message()
+                  << "; exportable CPU arenas will fail";
+  } else if (shm_dir->huge_pages) {
+    MLOG(INFO) << "shared memory in " << options.shm_dir << ": 2 MiB pages ("
+               << shm_dir->mount_point << ", huge=" << shm_dir->huge << ")";
+  } else {
+    MLOG(INFO) << "shared memory in " << options.shm_dir << ": 4 KiB pages ("
+               << shm_dir->mount_point << ", huge=" << shm_dir->huge
+               << "); a tmpfs mounted with huge=within_size makes fresh "
+                  "pages several times cheaper (docs/operations.md)";
+  }
   if (*shm_pool_bytes > 0) {
     memory::SharedMemoryPool::Options pool_options;
     pool_options.target_bytes = *shm_pool_bytes;
+    pool_options.dir = options.shm_dir;
     pool_options.quiet = options.shm_pool_quiet;
     if (pool_options.target_bytes < pool_options.slab_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -244,6 +266,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   engine_options.checkpoint_opener = server->checkpoint_opener_.get();
   engine_options.checkpoint_cache = server->checkpoint_cache_.get();
   engine_options.shm_pool = server->shm_pool_.get();
+  engine_options.shm_dir = options.shm_dir;
   engine_options.sessions = server->sessions_.get();
   engine_options.default_ttl = options.default_ttl;
   engine_options.metrics = server->metrics_.get();

@@ -120,6 +120,10 @@ struct ServerOptions {
   // last Materialize its refill may start.
   std::string shm_pool_bytes = "0";
   absl::Duration shm_pool_quiet = absl::Seconds(1);
+  // The tmpfs directory that exportable CPU arenas (and the pool's slabs)
+  // are files in (memory/shm_file.h). One mounted with huge=within_size
+  // gives them 2 MiB pages (docs/operations.md, "Shared memory").
+  std::string shm_dir = "/dev/shm";
 };
 
 // Thread-safe.
