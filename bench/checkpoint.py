@@ -38,7 +38,8 @@ With --ranks, the ranks time "sdk Shard(0), pool" too.
 pages": a second long-running server whose --shm_dir is a tmpfs this
 benchmark mounts with huge=within_size (unmounted at the end), so that
 the trainer's weights arrive in fresh 2 MiB pages instead of 4 KiB ones;
-with --ranks, "sdk Shard(0), huge pages" too.
+with a pool, "... pool, huge pages" rows too (a pooled server with that
+--shm_dir); with --ranks, the same two for "sdk Shard(0)".
 
 --ranks N adds N ranks on this host (gloo, bench/checkpoint_ranks.py; with
 --ranks-only, only they run, and their tables are printed):
@@ -216,7 +217,7 @@ def ranks_table(ranks, world):
     the phases."""
     by = {p: [r for r in ranks if r["path"] == p]
           for p in ("hf + shard", "sdk Shard(0)", "sdk Shard(0), pool",
-                    "sdk Shard(0), huge pages")}
+                    "sdk Shard(0), huge pages", "sdk Shard(0), pool, huge pages")}
     by = {p: rs for p, rs in by.items() if rs}
     base_wall = med([r["wall"] for r in by["hf + shard"]])
     base_peak = med([max(r["peaks"]) for r in by["hf + shard"]])
@@ -323,7 +324,8 @@ def main():
     pooled = args.pool != "0"
     pool_server = json.dumps({"server": args.server, "proto": args.proto,
                               "threads": args.threads, "pool": args.pool,
-                              "root": f"bench={args.dir}"}) if pooled else None
+                              "root": f"bench={args.dir}",
+                              "huge_shm_dir": huge_dir}) if pooled else None
     if args.ranks_only:
         try:
             ranks = run_ranks(args.ranks, svc.address, folder, args.reps, pool_server,
@@ -338,12 +340,15 @@ def main():
         print("\n".join(ranks_table(ranks, args.ranks)))
         return
     paths = (list(PATHS) + (["sdk bf16, pool", "sdk fp32, pool"] if pooled else [])
-             + (["sdk bf16, huge pages", "sdk fp32, huge pages"] if huge_svc else []))
+             + (["sdk bf16, huge pages", "sdk fp32, huge pages"] if huge_svc else [])
+             + (["sdk bf16, pool, huge pages", "sdk fp32, pool, huge pages"]
+                if huge_svc and pooled else []))
 
-    def pooled_load(dtype):
+    def pooled_load(dtype, shm_dir=None):
         with bench_run.pooled_service(
                 args.server, args.proto, args.threads, args.pool,
-                extra_args=[f"--checkpoint_roots=bench={args.dir}"],
+                extra_args=[f"--checkpoint_roots=bench={args.dir}"]
+                + ([f"--shm_dir={shm_dir}"] if shm_dir else []),
                 warm_up=warm_up_load) as psvc:
             pooled_client = materializer.Client(psvc.address)
             model, wall, ph = sdk_load(pooled_client, dtype)
@@ -367,8 +372,9 @@ def main():
             for p in order:
                 gc.collect()
                 dtype = torch.bfloat16 if "bf16" in p else torch.float32
-                if p.endswith("pool"):
-                    wall, write, ph = pooled_load(dtype)
+                if ", pool" in p:
+                    wall, write, ph = pooled_load(
+                        dtype, huge_dir if p.endswith("huge pages") else None)
                 else:
                     if p.startswith("hf"):
                         model, wall, ph = hf_load(folder, dtype)
@@ -439,8 +445,9 @@ def main():
     for dt in ("bf16", "fp32"):
         base = med(ready[f"hf {dt}"])
         for p in ((f"hf {dt}", f"sdk {dt}") + ((f"sdk {dt}, pool",) if pooled else ())
-                  + ((f"sdk {dt}, huge pages",) if huge_svc else ())):
-            label = "sdk, " + p.split(", ")[1] if ", " in p else p.split()[0]
+                  + ((f"sdk {dt}, huge pages",) if huge_svc else ())
+                  + ((f"sdk {dt}, pool, huge pages",) if huge_svc and pooled else ())):
+            label = "sdk, " + p.split(", ", 1)[1] if ", " in p else p.split()[0]
             lines.append(f"| {dt} | {label} | {span(times[p])} | "
                          f"{bench_run.ms(med(writes[p]))} | {span(ready[p])} | "
                          f"**{base / med(ready[p]):.2f}** |")

@@ -17,6 +17,8 @@ each timing, in interleaved repetitions,
                and stops after it;
   sdk Shard(0), huge pages  (with HUGE_ADDRESS) the same against a
                long-running server whose --shm_dir is a huge-page tmpfs;
+  sdk Shard(0), pool, huge pages  (POOL_SERVER's huge_shm_dir) the pooled
+               server with that --shm_dir;
 
 each followed by the first write of this rank's weights. Every repetition
 starts at a barrier and ends at one; rank 0 writes the wall times, every
@@ -101,19 +103,23 @@ def main():
     records = []
     for i in range(reps + 1):   # the first is a warm-up
         order = (["hf + shard", "sdk Shard(0)"] + (["sdk Shard(0), pool"] if pool_server else [])
-                 + (["sdk Shard(0), huge pages"] if huge_client else []))
+                 + (["sdk Shard(0), huge pages"] if huge_client else [])
+                 + (["sdk Shard(0), pool, huge pages"]
+                    if pool_server and pool_server.get("huge_shm_dir") else []))
         random.Random(i).shuffle(order)
         for path in order:
             gc.collect()
             block = pooled = None
-            if path.endswith("pool"):
+            if ", pool" in path:
                 box = [None]
                 if rank == 0:
                     import run as bench_run
                     block = bench_run.pooled_service(
                         pool_server["server"], pool_server["proto"], pool_server["threads"],
                         pool_server["pool"],
-                        extra_args=[f"--checkpoint_roots={pool_server['root']}"],
+                        extra_args=[f"--checkpoint_roots={pool_server['root']}"]
+                        + ([f"--shm_dir={pool_server['huge_shm_dir']}"]
+                           if path.endswith("huge pages") else []),
                         warm_up=warm_up_load)
                     box[0] = block.__enter__().address
                 dist.broadcast_object_list(box, src=0)
