@@ -295,8 +295,10 @@ def main():
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
+    # The binary's and protos' paths are this machine's, not the method.
     command = " ".join([".venv/bin/python", "bench/checkpoint.py"]
-                       + [shlex.quote(a) for a in sys.argv[1:]])
+                       + [shlex.quote(a) for a in sys.argv[1:]
+                          if not a.startswith(("--server", "--proto"))])
     torch.set_num_threads(args.threads)
     import transformers
     transformers.utils.logging.disable_progress_bar()
@@ -510,7 +512,8 @@ def main():
                f"`--shm_pool_bytes={args.pool}` (warmed up by one load, its pool full), "
                "stopped after"] if pooled else []),
             *(["- 'huge pages' rows: a second long-running server with `--shm_dir` on a "
-               "tmpfs mounted `huge=within_size` (fresh 2 MiB pages)"] if huge_svc else []),
+               "tmpfs mounted `huge=within_size` (fresh 2 MiB pages); 'pool, huge pages': "
+               "the pooled server with that `--shm_dir`"] if huge_svc else []),
             "",
             table,
         ])

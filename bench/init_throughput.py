@@ -203,7 +203,7 @@ def main():
             "parallel (one task per tensor, each kernel on one thread), in-process runs "
             "tensor after tensor with the Python expressions of docs/init.md "
             "(orthogonal under torch.set_num_threads(1), as documented)",
-            f"- server: `{' '.join(os.path.relpath(c, REPO) if os.path.isabs(c) else c for c in svc.cmd)}`",
+            f"- server: `{bench_run.shown_command(svc.cmd)}`",
             "",
             table,
         ])

@@ -290,6 +290,20 @@ def pooled_service(binary, proto_dir, threads, pool_bytes, extra_args=(), warm_u
 # Reporting
 # ---------------------------------------------------------------------------
 
+def shown_command(cmd):
+    """`cmd` as RESULTS.md shows it: paths relative to the checkout, and a
+    binary from Bazel's output tree as bazel-bin/... (never this machine's
+    own paths)."""
+    def shown(c):
+        if not os.path.isabs(c):
+            return c
+        rel = os.path.relpath(c, REPO)
+        if not rel.startswith(".."):
+            return rel
+        return "bazel-bin/" + c.split("/bin/", 1)[1] if "/bin/" in c else os.path.basename(c)
+    return " ".join(shown(c) for c in cmd)
+
+
 def machine():
     cpu = platform.processor() or "unknown CPU"
     try:
@@ -491,7 +505,7 @@ def main():
             f"- threads: {args.threads} on both sides (torch.set_num_threads "
             f"in-process; OMP_NUM_THREADS/MKL_NUM_THREADS and --workers for "
             f"the server); in-process init runs tensor after tensor",
-            f"- server: `{' '.join(os.path.relpath(c, REPO) if os.path.isabs(c) else c for c in svc.cmd)}`",
+            f"- server: `{shown_command(svc.cmd)}`",
             "",
             table,
         ])

@@ -354,7 +354,7 @@ def main():
             f"- threads: {args.threads} on both sides; 1-minute load average "
             f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after (the machine is "
             "shared: ratios within a run compare like with like, absolute times do not)",
-            f"- server: `{' '.join(os.path.relpath(c, REPO) if os.path.isabs(c) else c for c in svc.cmd)}`",
+            f"- server: `{bench_run.shown_command(svc.cmd)}`",
             *([f"- 'shm, pool': a server started for each of its measurements with "
                f"`--shm_pool_bytes={args.pool}` (its first call made, its pool full), "
                "stopped after"] if pooled else []),
