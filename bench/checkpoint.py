@@ -170,15 +170,6 @@ def warm_up_load(client):
                              transport="stream", part_bytes=0, progress=False)
 
 
-def mount_huge_tmpfs():
-    """A tmpfs mounted huge=within_size under the temporary directory (as
-    root); returns its path."""
-    where = tempfile.mkdtemp(prefix="materializer-huge-")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12g,huge=within_size,mode=1777",
-                    "tmpfs", where], check=True)
-    return where
-
-
 def shmem_huge_bytes():
     """Shared memory held in 2 MiB pages now (ShmemHugePages)."""
     with open("/proc/meminfo") as f:
@@ -186,11 +177,6 @@ def shmem_huge_bytes():
             if line.startswith("ShmemHugePages:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def unmount(where):
-    subprocess.run(["umount", "--lazy", where], check=False)  # mappings may outlive it
-    os.rmdir(where)
 
 
 def run_ranks(world, address, folder, reps, pool_server=None, huge_address=None):
@@ -317,7 +303,7 @@ def main():
     client = materializer.Client(svc.address)
     huge_dir = huge_svc = huge_client = None
     if args.huge_pages:
-        huge_dir = mount_huge_tmpfs()
+        huge_dir = bench_run.mount_huge_tmpfs()
         huge_svc = bench_run.Service(args.server, args.proto, args.threads,
                                      extra_args=[f"--checkpoint_roots=bench={args.dir}",
                                                  f"--shm_dir={huge_dir}"])
@@ -338,7 +324,7 @@ def main():
             if huge_svc:
                 huge_client.close()
                 huge_svc.stop()
-                unmount(huge_dir)
+                bench_run.unmount(huge_dir)
         print("\n".join(ranks_table(ranks, args.ranks)))
         return
     paths = (list(PATHS) + (["sdk bf16, pool", "sdk fp32, pool"] if pooled else [])
@@ -430,7 +416,7 @@ def main():
         svc.stop()
         if huge_svc:
             huge_svc.stop()
-            unmount(huge_dir)
+            bench_run.unmount(huge_dir)
     load_after = os.getloadavg()[0]
 
     ready = {p: [t + w for t, w in zip(times[p], writes[p])] for p in paths}

@@ -35,6 +35,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -285,6 +286,22 @@ def pooled_service(binary, proto_dir, threads, pool_bytes, extra_args=(), warm_u
         svc.check_idle()
     finally:
         svc.stop()
+
+
+def mount_huge_tmpfs():
+    """A tmpfs mounted huge=within_size under the temporary directory (as
+    root), for a server's --shm_dir (docs/operations.md, "Huge pages for
+    shared memory"); returns its path."""
+    where = tempfile.mkdtemp(prefix="materializer-huge-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12g,huge=within_size,mode=1777",
+                    "tmpfs", where], check=True)
+    return where
+
+
+def unmount(where):
+    subprocess.run(["umount", "--lazy", where], check=False)  # mappings may outlive it
+    os.rmdir(where)
+
 
 # ---------------------------------------------------------------------------
 # Reporting

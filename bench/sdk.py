@@ -21,6 +21,10 @@ optimizer step does to memory), timed apart and reported with the path:
                before the call (and its first call already made). It is
                stopped right after, so no other path runs while it holds
                that memory;
+  shm, huge pages  (--huge-pages, as root) shm against a second server
+               whose --shm_dir is a tmpfs mounted huge=within_size (fresh
+               2 MiB pages; docs/operations.md); with a pool, "shm, pool,
+               huge pages" too (the pooled server with that --shm_dir);
   stream       materializer.materialize(model, transport="stream"): the same
                with the weights streamed into the module's tensors (raw
                format, received straight into place by client/direct.py,
@@ -237,6 +241,8 @@ def main():
         "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
     ap.add_argument("--pool", default="4.5GiB",
                     help="--shm_pool_bytes of the 'shm, pool' server (0: no such path)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="as root: also time servers whose --shm_dir is a huge-page tmpfs")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     models = args.models.split(",")
@@ -244,7 +250,9 @@ def main():
     if unknown:
         ap.error(f"unknown model(s): {', '.join(sorted(unknown))}")
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
-    command = " ".join([".venv/bin/python", "bench/sdk.py"] + [shlex.quote(a) for a in sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "bench/sdk.py"]
+                       + [shlex.quote(a) for a in sys.argv[1:]
+                          if not a.startswith(("--server", "--proto"))])
     torch.set_num_threads(args.threads)
     mach = bench_run.machine()
     print(f"# {mach['cpu']}, {mach['cores']} cores, {mach['ram']}; torch {torch.__version__}, "
@@ -255,6 +263,12 @@ def main():
     svc = bench_run.Service(args.server, args.proto, args.threads)
     client = materializer.Client(svc.address)
     grpcio_client = materializer.Client(svc.address, direct_fetch=False)
+    huge_dir = huge_svc = huge_client = None
+    if args.huge_pages:
+        huge_dir = bench_run.mount_huge_tmpfs()
+        huge_svc = bench_run.Service(args.server, args.proto, args.threads,
+                                     extra_args=[f"--shm_dir={huge_dir}"])
+        huge_client = materializer.Client(huge_svc.address)
     pooled = args.pool != "0"
     results = []
     try:
@@ -262,7 +276,9 @@ def main():
             rng = args.rng
             nbytes = materializer.describe(build(name), rng=rng).nbytes
             parted = nbytes > materializer.api.PART_BYTES
-            paths = (["in-process", "shm"] + (["shm, pool"] if pooled else []) + ["stream"]
+            paths = (["in-process", "shm"] + (["shm, pool"] if pooled else [])
+                     + (["shm, huge pages"] if huge_svc else [])
+                     + (["shm, pool, huge pages"] if huge_svc and pooled else []) + ["stream"]
                      + (["stream, one handle"] if parted else [])
                      + ["stream x2", "stream grpcio"]
                      + (["new user"] if name in args.new_user.split(",") else []))
@@ -285,9 +301,11 @@ def main():
                     model = build(name)
                     gc.collect()
                     pool_block = None
-                    if p == "shm, pool":
+                    if p.startswith("shm, pool"):
                         pool_block = bench_run.pooled_service(
-                            args.server, args.proto, args.threads, args.pool)
+                            args.server, args.proto, args.threads, args.pool,
+                            extra_args=[f"--shm_dir={huge_dir}"] if p.endswith("huge pages")
+                            else ())
                         pooled_client = materializer.Client(pool_block.__enter__().address)
                     base = rss_peak_reset()
                     if p == "in-process":
@@ -299,9 +317,11 @@ def main():
                     elif p == "stream x2":
                         wall, ph = service(model, client, "stream", rng, 0, streams=2,
                                            part_bytes=0)
-                    elif p == "shm, pool":
+                    elif p.startswith("shm, pool"):
                         wall, ph = service(model, pooled_client, "shm", rng, 0)
                         pooled_client.close()
+                    elif p == "shm, huge pages":
+                        wall, ph = service(model, huge_client, "shm", rng, 0)
                     elif p == "stream, one handle":
                         wall, ph = service(model, client, "stream", rng, 0, part_bytes=0)
                     else:
@@ -334,8 +354,14 @@ def main():
         client.close()
         grpcio_client.close()
         svc.check_idle()
+        if huge_svc:
+            huge_client.close()
+            huge_svc.check_idle()
     finally:
         svc.stop()
+        if huge_svc:
+            huge_svc.stop()
+            bench_run.unmount(huge_dir)
 
     table = tables(results, args.reps)
     print(table)
@@ -358,6 +384,9 @@ def main():
             *([f"- 'shm, pool': a server started for each of its measurements with "
                f"`--shm_pool_bytes={args.pool}` (its first call made, its pool full), "
                "stopped after"] if pooled else []),
+            *(["- 'huge pages' paths: `--shm_dir` on a tmpfs mounted `huge=within_size` "
+               "(a second long-running server; 'shm, pool, huge pages': the pooled "
+               "server with it)"] if huge_svc else []),
             "",
             table,
         ])
