@@ -68,7 +68,6 @@ import json
 import os
 import random
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -281,10 +280,8 @@ def main():
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
-    # The binary's and protos' paths are this machine's, not the method.
     command = " ".join([".venv/bin/python", "bench/checkpoint.py"]
-                       + [shlex.quote(a) for a in sys.argv[1:]
-                          if not a.startswith(("--server", "--proto"))])
+                       + bench_run.shown_args(sys.argv[1:]))
     torch.set_num_threads(args.threads)
     import transformers
     transformers.utils.logging.disable_progress_bar()

@@ -307,6 +307,21 @@ def unmount(where):
 # Reporting
 # ---------------------------------------------------------------------------
 
+def shown_args(argv):
+    """A benchmark's arguments as RESULTS.md shows them: without --server
+    and --proto (with their values), which are this machine's paths, not
+    the method."""
+    shown, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--server", "--proto"):
+            skip = True
+        elif not a.startswith(("--server=", "--proto=")):
+            shown.append(shlex.quote(a))
+    return shown
+
+
 def shown_command(cmd):
     """`cmd` as RESULTS.md shows it: paths relative to the checkout, and a
     binary from Bazel's output tree as bazel-bin/... (never this machine's

@@ -62,7 +62,6 @@ import os
 import platform
 import random
 import re
-import shlex
 import socket
 import sys
 import threading
@@ -250,9 +249,7 @@ def main():
     if unknown:
         ap.error(f"unknown model(s): {', '.join(sorted(unknown))}")
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
-    command = " ".join([".venv/bin/python", "bench/sdk.py"]
-                       + [shlex.quote(a) for a in sys.argv[1:]
-                          if not a.startswith(("--server", "--proto"))])
+    command = " ".join([".venv/bin/python", "bench/sdk.py"] + bench_run.shown_args(sys.argv[1:]))
     torch.set_num_threads(args.threads)
     mach = bench_run.machine()
     print(f"# {mach['cpu']}, {mach['cores']} cores, {mach['ram']}; torch {torch.__version__}, "
