@@ -1,16 +1,12 @@
 #include "client/export_import.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include <ATen/ops/equal.h>
@@ -18,11 +14,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/export_torch.h"
+#include "tests/testing/mount_namespace.h"
 #include "tests/testing/status_matchers.h"
 
 namespace materializer::client {
 namespace {
 
+using ::materializer::testing::HugeMappedBytes;
+using ::materializer::testing::kNoMountNamespace;
+using ::materializer::testing::RunInMountNamespace;
 using ::materializer::testing::StatusIs;
 
 // A file laid out like an exported arena: float32 [0, 1, 2, 3] at 0 and
@@ -167,49 +167,17 @@ TEST(ExportImportTest, SegmentsAreMappedBackToBack) {
               StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("cover")));
 }
 
-
-// Bytes of [begin, end) mapped with 2 MiB entries (ShmemPmdMapped of each
-// mapping of /proc/self/smaps that lies in the range).
-uint64_t HugeMappedBytes(const void* begin, const void* end) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  uint64_t kib = 0;
-  while (std::getline(smaps, line)) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 &&
-        line.find(':') > line.find('-')) {
-      inside = lo >= reinterpret_cast<uintptr_t>(begin) &&
-               hi <= reinterpret_cast<uintptr_t>(end);
-      continue;
-    }
-    unsigned long value = 0;
-    if (inside &&
-        std::sscanf(line.c_str(), "ShmemPmdMapped: %lu kB", &value) == 1) {
-      kib += value;
-    }
-  }
-  return uint64_t{kib} << 10;
-}
-
 // A server whose --shm_dir is a huge-page tmpfs exports files with 2 MiB
 // pages; the import maps its segments into a range reserved on a 2 MiB
 // boundary, so they are mapped with 2 MiB entries (mapped at an address
 // aligned otherwise than the file offset, they would get 4 KiB ones). The
 // tmpfs is mounted in a child's mount namespace.
 TEST(ExportImportTest, SegmentsInAHugePageTmpfsAreMappedWithHugePages) {
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (::unshare(CLONE_NEWNS) != 0 &&
-        ::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-      ::_exit(77);
-    }
-    ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+  const int result = RunInMountNamespace([] {
     char dir[] = "/tmp/export_huge_XXXXXX";
-    if (::mkdtemp(dir) == nullptr) ::_exit(78);
+    if (::mkdtemp(dir) == nullptr) return 78;
     if (::mount("tmpfs", dir, "tmpfs", 0, "size=32m,huge=always") != 0) {
-      ::_exit(77);
+      return kNoMountNamespace;
     }
     // 4 MiB, then 2 MiB and 12 KiB: an arena size the kernel would not
     // place on a 2 MiB boundary by itself.
@@ -225,7 +193,7 @@ TEST(ExportImportTest, SegmentsInAHugePageTmpfsAreMappedWithHugePages) {
       const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0600);
       if (fd < 0 || ::write(fd, bytes.data(), bytes.size()) !=
                         static_cast<ssize_t>(bytes.size())) {
-        ::_exit(79);
+        return 79;
       }
       ::close(fd);
       v1::SharedMemorySegment* segment = shm->add_segments();
@@ -255,13 +223,11 @@ TEST(ExportImportTest, SegmentsInAHugePageTmpfsAreMappedWithHugePages) {
     }
     ::umount2(dir, MNT_DETACH);
     ::rmdir(dir);
-    ::_exit(code);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no mount namespace here";
-  EXPECT_EQ(WEXITSTATUS(status), 0)
+    return code;
+  });
+  if (result == kNoMountNamespace) GTEST_SKIP() << "no mount namespace here";
+  ASSERT_LT(result, 128) << "the child died of signal " << result - 128;
+  EXPECT_EQ(result, 0)
       << "1: not imported; 2: read zeros; 3: under 6 MiB mapped with 2 MiB "
          "pages";
 }

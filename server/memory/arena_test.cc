@@ -1,28 +1,28 @@
 #include "server/memory/arena.h"
 
-#include <sched.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 
 #include "server/memory/arena_views.h"
+#include "tests/testing/mount_namespace.h"
 #include "tests/testing/status_matchers.h"
 
 namespace materializer::memory {
 namespace {
 
+using ::materializer::testing::HugeMappedBytes;
+using ::materializer::testing::kNoMountNamespace;
+using ::materializer::testing::RunInMountNamespace;
 using ::materializer::testing::StatusIs;
 using spec::DType;
 using spec::TensorDesc;
@@ -260,16 +260,10 @@ TEST(ArenaTest, SharedArenaFromPoolSlabsIsTheFilesBackToBack) {
 // SIGBUS when init first writes a page. The directory is a 1 MiB tmpfs in
 // a mount namespace of a child process (user namespaces where unprivileged).
 TEST(ArenaTest, SharedArenaOverAFullTmpfsIsRefusedNotASigbus) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (unshare(CLONE_NEWNS) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-      _exit(77);  // no namespaces here: skipped
-    }
-    mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+  const int result = RunInMountNamespace([] {
     char dir[] = "/tmp/arena_full_XXXXXX";
-    if (mkdtemp(dir) == nullptr) _exit(78);
-    if (mount("tmpfs", dir, "tmpfs", 0, "size=1m") != 0) _exit(77);
+    if (mkdtemp(dir) == nullptr) return 78;
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=1m") != 0) return kNoMountNamespace;
     auto pool = CpuPool(uint64_t{1} << 30);
     const std::vector<TensorDesc> tensors = {
         Desc("w", {8, 1024, 1024}, DType::kUInt8)};  // 8 MiB
@@ -290,40 +284,13 @@ TEST(ArenaTest, SharedArenaOverAFullTmpfsIsRefusedNotASigbus) {
     else if (system((std::string("test -z \"$(ls -A ") + dir + ")\"").c_str()) != 0) code = 5;
     umount(dir);
     rmdir(dir);
-    _exit(code);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal "
-                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no mount namespace here";
-  EXPECT_EQ(WEXITSTATUS(status), 0)
+    return code;
+  });
+  if (result == kNoMountNamespace) GTEST_SKIP() << "no mount namespace here";
+  ASSERT_LT(result, 128) << "the child died of signal " << result - 128;
+  EXPECT_EQ(result, 0)
       << "1: allocated; 2: another code; 3: the message lacks the directory; "
          "4: the reservation stayed; 5: the file stayed";
-}
-
-
-// Bytes of [begin, end) mapped with 2 MiB entries, from /proc/self/smaps
-// (ShmemPmdMapped of each mapping that lies in the range).
-uint64_t HugeMappedBytes(const std::byte* begin, const std::byte* end) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  uint64_t kib = 0;
-  while (std::getline(smaps, line)) {
-    unsigned long lo = 0, hi = 0;
-    if (sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 &&
-        line.find(':') > line.find('-')) {
-      inside = lo >= reinterpret_cast<uintptr_t>(begin) &&
-               hi <= reinterpret_cast<uintptr_t>(end);
-      continue;
-    }
-    unsigned long value = 0;
-    if (inside && sscanf(line.c_str(), "ShmemPmdMapped: %lu kB", &value) == 1) {
-      kib += value;
-    }
-  }
-  return uint64_t{kib} << 10;
 }
 
 // In a tmpfs mounted huge=always, a shared arena's whole 2 MiB pieces are
@@ -332,16 +299,10 @@ uint64_t HugeMappedBytes(const std::byte* begin, const std::byte* end) {
 // same files get 4 KiB entries.) The tmpfs is mounted in a child's mount
 // namespace.
 TEST(ArenaTest, SharedArenaInAHugePageTmpfsIsMappedWithHugePages) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (unshare(CLONE_NEWNS) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-      _exit(77);
-    }
-    mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+  const int result = RunInMountNamespace([] {
     char dir[] = "/tmp/arena_huge_XXXXXX";
-    if (mkdtemp(dir) == nullptr) _exit(78);
-    if (mount("tmpfs", dir, "tmpfs", 0, "size=96m,huge=always") != 0) _exit(77);
+    if (mkdtemp(dir) == nullptr) return 78;
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=96m,huge=always") != 0) return kNoMountNamespace;
     int code = 0;
     // 9 MiB and 12 KiB: four whole huge pages, and a tail. An odd size, so
     // that no reservation lands on a 2 MiB boundary by chance.
@@ -381,14 +342,11 @@ TEST(ArenaTest, SharedArenaInAHugePageTmpfsIsMappedWithHugePages) {
     }
     umount(dir);
     rmdir(dir);
-    _exit(code);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal "
-                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no mount namespace here";
-  EXPECT_EQ(WEXITSTATUS(status), 0)
+    return code;
+  });
+  if (result == kNoMountNamespace) GTEST_SKIP() << "no mount namespace here";
+  ASSERT_LT(result, 128) << "the child died of signal " << result - 128;
+  EXPECT_EQ(result, 0)
       << "x1: refused; 12: not from the slabs; x3: under 8 MiB mapped with "
          "2 MiB pages (x = 0 fresh file, 1 pool)";
 }

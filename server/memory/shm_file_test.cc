@@ -1,12 +1,10 @@
 #include "server/memory/shm_file.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,11 +12,14 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/testing/mount_namespace.h"
 #include "tests/testing/status_matchers.h"
 
 namespace materializer::memory {
 namespace {
 
+using ::materializer::testing::kNoMountNamespace;
+using ::materializer::testing::RunInMountNamespace;
 using ::materializer::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -81,20 +82,13 @@ TEST(InspectSharedMemoryDirTest, ReadsTheHugeOptionOfTheMountHoldingIt) {
       system_wide.find("[force]") != std::string::npos) {
     GTEST_SKIP() << "shmem_enabled overrides every mount: " << system_wide;
   }
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    if (unshare(CLONE_NEWNS) != 0 &&
-        unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-      _exit(77);
-    }
-    mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr);
+  const int result = RunInMountNamespace([] {
     char huge[] = "/tmp/shm_huge_XXXXXX";
     char plain[] = "/tmp/shm_plain_XXXXXX";
-    if (mkdtemp(huge) == nullptr || mkdtemp(plain) == nullptr) _exit(78);
+    if (mkdtemp(huge) == nullptr || mkdtemp(plain) == nullptr) return 78;
     if (mount("tmpfs", huge, "tmpfs", 0, "size=8m,huge=within_size") != 0 ||
         mount("tmpfs", plain, "tmpfs", 0, "size=1m") != 0) {
-      _exit(77);
+      return kNoMountNamespace;
     }
     const std::string below = std::string(huge) + "/arenas";
     int code = 0;
@@ -116,13 +110,11 @@ TEST(InspectSharedMemoryDirTest, ReadsTheHugeOptionOfTheMountHoldingIt) {
     umount(plain);
     rmdir(huge);
     rmdir(plain);
-    _exit(code);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no mount namespace here";
-  EXPECT_EQ(WEXITSTATUS(status), 0)
+    return code;
+  });
+  if (result == kNoMountNamespace) GTEST_SKIP() << "no mount namespace here";
+  ASSERT_LT(result, 128) << "the child died of signal " << result - 128;
+  EXPECT_EQ(result, 0)
       << "1: refused; 2: wrong mount point; 3: the huge mount not seen as "
          "huge; 4: the plain mount seen as huge";
 }
