@@ -112,11 +112,13 @@ ABSL_FLAG(std::string, checkpoint_cache_bytes, "2GiB",
           "first), so the ranks and jobs of a node read a file once; not "
           "charged to any client's quota; 0 keeps none");
 
-ABSL_FLAG(std::string, shm_pool_bytes, "0",
+ABSL_FLAG(std::string, shm_pool_bytes, "auto",
           "shared memory kept resident while the server is idle, so that "
           "an exportable CPU arena (a co-located trainer's) does not wait "
-          "for fresh pages; the server's memory, not charged to any "
-          "client's quota; 0 keeps none (docs/operations.md)");
+          "for fresh pages: auto (as much as the largest burst of exports "
+          "asked for, up to a quarter of the smaller of /dev/shm and RAM), "
+          "a fixed size, or 0 (none); always within the CPU capacity no "
+          "client holds, and charged to no client (docs/operations.md)");
 ABSL_FLAG(std::string, shm_dir, "/dev/shm",
           "tmpfs directory for the files of exportable CPU arenas (a "
           "co-located trainer maps them); one mounted with "
@@ -125,6 +127,9 @@ ABSL_FLAG(std::string, shm_dir, "/dev/shm",
 ABSL_FLAG(absl::Duration, shm_pool_quiet, absl::Seconds(1),
           "how long after the last Materialize the shared-memory pool may "
           "start refilling");
+ABSL_FLAG(absl::Duration, shm_pool_release_after, absl::Minutes(15),
+          "an adaptive shared-memory pool (--shm_pool_bytes=auto) unused "
+          "for this long frees all it holds");
 
 namespace {
 
@@ -245,6 +250,8 @@ int main(int argc, char** argv) {
   options.checkpoint_cache_bytes = absl::GetFlag(FLAGS_checkpoint_cache_bytes);
   options.shm_pool_bytes = absl::GetFlag(FLAGS_shm_pool_bytes);
   options.shm_pool_quiet = absl::GetFlag(FLAGS_shm_pool_quiet);
+  options.shm_pool_release_after =
+      absl::GetFlag(FLAGS_shm_pool_release_after);
   options.shm_dir = absl::GetFlag(FLAGS_shm_dir);
   if (options.metrics_client_labels < 0) {
     std::cerr << "materializerd: --metrics_client_labels must be >= 0\n";

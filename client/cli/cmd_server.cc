@@ -112,6 +112,23 @@ void PrintStats(std::ostream& out, const v1::GetStatsResponse& stats,
       << " reserved, " << FormatBytes(stats.in_use_bytes()) << " in use, "
       << stats.handles() << (stats.handles() == 1 ? " handle" : " handles")
       << "\n";
+  // The server's own memory, charged to no client.
+  if (stats.has_checkpoint_cache()) {
+    const v1::CheckpointCacheStats& cache = stats.checkpoint_cache();
+    out << "checkpoint cache: " << FormatBytes(cache.cached_bytes()) << " of "
+        << FormatBytes(cache.capacity_bytes()) << "\n";
+  }
+  if (stats.has_shm_pool()) {
+    const v1::SharedMemoryPoolStats& pool = stats.shm_pool();
+    out << "shared-memory pool: " << FormatBytes(pool.bytes()) << " resident, "
+        << "target " << FormatBytes(pool.target_bytes())
+        << (pool.adaptive() ? " (adaptive, up to " : " (fixed, max ")
+        << FormatBytes(pool.max_bytes()) << ")";
+    if (!pool.last_error().empty()) {
+      out << "; last refill failed: " << pool.last_error();
+    }
+    out << "\n";
+  }
 }
 
 }  // namespace

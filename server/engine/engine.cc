@@ -158,6 +158,21 @@ absl::Status Build(registry::Handle& handle,
   // the init.
   memory::SharedMemoryPool::Active active(shm_pool);
   const absl::Time allocate_start = absl::Now();
+  if (shm_pool != nullptr) {
+    // The pool's slabs are host memory outside the ledger: a reservation
+    // that took the room they sit in gets it back before its arena is
+    // allocated (keeping the slabs this arena is about to take).
+    bool host = false;
+    uint64_t taking = 0;
+    for (const memory::Reservation& r : reservations) {
+      if (r.device().kind != memory::DeviceKind::kCpu) continue;
+      host = true;
+      if (spec.exportable && parts == nullptr) {
+        taking += shm_pool->SlabsFor(r.bytes()) * shm_pool->slab_bytes();
+      }
+    }
+    if (host) shm_pool->Trim(taking);
+  }
   std::unique_ptr<memory::Arena> arena;
   if (parts == nullptr) {
     ASSIGN_OR_RETURN(arena, memory::Arena::Allocate(
@@ -751,6 +766,9 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
     const memory::SharedMemoryPool::Stats pool = options_.shm_pool->stats();
     v1::SharedMemoryPoolStats* out = response.mutable_shm_pool();
     out->set_target_bytes(pool.target_bytes);
+    out->set_max_bytes(pool.max_bytes);
+    out->set_adaptive(pool.adaptive);
+    out->set_trimmed_bytes(pool.trimmed_bytes_total);
     out->set_bytes(pool.bytes);
     out->set_taken_bytes(pool.taken_bytes_total);
     out->set_filled_bytes(pool.filled_bytes_total);

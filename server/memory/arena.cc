@@ -211,16 +211,6 @@ uint64_t RoundUpToPage(uint64_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
-// How many of the pool's slabs an arena of `bytes` takes: one per whole
-// slab, and one for the remainder unless it is under a quarter of a slab
-// (cutting a slab down to a sliver would waste the refill's work on it;
-// the sliver's fresh pages cost little).
-size_t SlabsFor(uint64_t bytes, uint64_t slab_bytes) {
-  const uint64_t remainder = bytes % slab_bytes;
-  return static_cast<size_t>(bytes / slab_bytes +
-                             (remainder >= slab_bytes / 4 ? 1 : 0));
-}
-
 // A shared-memory arena of `bytes` zero bytes: the pool's resident slabs
 // first (options.shared_memory_pool), then one fresh file for the rest,
 // all mapped shared into one contiguous range (mremap moves a slab's
@@ -238,7 +228,7 @@ absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
                                            : options.shared_memory_dir;
   std::vector<SharedMemorySlab> slabs;
   if (pool != nullptr && bytes > 0) {
-    slabs = pool->Take(SlabsFor(bytes, pool->slab_bytes()));
+    slabs = pool->Take(pool->SlabsFor(bytes));
   }
   std::vector<SharedMemoryFile> files;  // owned here until success
   const uint64_t mapped = RoundUpToPage(bytes);

@@ -115,6 +115,8 @@ absl::StatusOr<SharedMemoryDirInfo> InspectSharedMemoryDir(
         std::strerror(errno)));
   }
   SharedMemoryDirInfo info;
+  info.capacity_bytes =
+      static_cast<uint64_t>(fs.f_blocks) * static_cast<uint64_t>(fs.f_bsize);
   // The mount holding the directory: the longest mount point that covers
   // it, the later line winning (a mount over an earlier one).
   std::ifstream mountinfo("/proc/self/mountinfo");

@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -56,8 +57,18 @@ void ReleaseSlab(SharedMemorySlab& slab);
 class SharedMemoryPool {
  public:
   struct Options {
-    // What the pool keeps resident when idle; 0 turns it off.
+    // What the pool keeps resident when idle (adaptive: the most it
+    // keeps); 0 turns it off.
     uint64_t target_bytes = 0;
+    // Learn the target from the bursts of Takes, up to target_bytes.
+    bool adaptive = false;
+    // Adaptive only: after this long without a Take, free every slab and
+    // forget what was learned.
+    absl::Duration release_after = absl::Minutes(15);
+    // Bytes of host memory that no client holds now (the CPU devices'
+    // free bytes in the ledger); the pool keeps its own bytes within
+    // them. Unset: no bound but target_bytes.
+    std::function<uint64_t()> headroom;
     // Size of each file (a multiple of the page size).
     uint64_t slab_bytes = uint64_t{128} << 20;
     std::string dir = "/dev/shm";
@@ -74,9 +85,22 @@ class SharedMemoryPool {
   uint64_t slab_bytes() const { return options_.slab_bytes; }
   const std::string& dir() const { return options_.dir; }
 
+  // How many slabs an arena of `bytes` takes: one per whole slab, and one
+  // for the remainder unless it is under a quarter of a slab (cutting a
+  // slab down to a sliver would waste the refill's work on it; the
+  // sliver's fresh pages cost little).
+  size_t SlabsFor(uint64_t bytes) const;
+
   // Removes up to `count` slabs from the pool (fewer when it holds fewer)
-  // and hands them to the caller.
+  // and hands them to the caller. An adaptive pool learns from `count`,
+  // not from what it had.
   std::vector<SharedMemorySlab> Take(size_t count);
+
+  // Frees slabs until what the pool keeps, less the `taking` bytes about
+  // to leave it through Take, fits in the headroom: called after a
+  // reservation and before its arena is allocated, so that the pool never
+  // stands between a client and memory the ledger gave it.
+  void Trim(uint64_t taking);
 
   // While an Active is alive the refill does not start a slab; after the
   // last one goes it waits `quiet` more.
@@ -97,10 +121,15 @@ class SharedMemoryPool {
   Active MarkActive() { return Active(this); }
 
   struct Stats {
+    // What the refill works toward now (adaptive: learned so far).
     uint64_t target_bytes = 0;
+    uint64_t max_bytes = 0;  // options.target_bytes
+    bool adaptive = false;
     uint64_t bytes = 0;  // resident in the pool now
     uint64_t taken_bytes_total = 0;
     uint64_t filled_bytes_total = 0;
+    // Freed without being taken: for the headroom, or unused.
+    uint64_t trimmed_bytes_total = 0;
     // Why the last refill failed (a full /dev/shm), or "".
     std::string last_error;
   };
@@ -113,6 +142,16 @@ class SharedMemoryPool {
  private:
   void RefillLoop();
   bool FullLocked() const;
+  // The target the refill works toward: fixed, or the largest burst so
+  // far (the current one included), capped.
+  uint64_t NextTargetLocked() const;
+  // Adaptive: folds a finished burst into the target, and frees
+  // everything once the pool has gone unused for release_after. Returns
+  // the slabs to free (outside the lock).
+  std::vector<SharedMemorySlab> AdaptLocked(absl::Time now);
+  uint64_t HeadroomBytes() const;
+  // Removes slabs until bytes_ <= keep; returns them to free.
+  std::vector<SharedMemorySlab> ShrinkLocked(uint64_t keep);
 
   const Options options_;
   mutable std::mutex mu_;
@@ -124,6 +163,10 @@ class SharedMemoryPool {
   bool stop_ = false;                    // guarded by mu_
   uint64_t taken_total_ = 0;             // guarded by mu_
   uint64_t filled_total_ = 0;            // guarded by mu_
+  uint64_t trimmed_total_ = 0;           // guarded by mu_
+  uint64_t target_ = 0;                  // learned (adaptive); guarded
+  uint64_t burst_ = 0;                   // asked for since quiet; guarded
+  absl::Time last_take_ = absl::InfinitePast();  // guarded by mu_
   std::string last_error_;               // guarded by mu_
   std::thread refill_;
 };

@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -174,6 +176,120 @@ TEST_F(ShmPoolTest, ATargetUnderOneSlabMakesNothing) {
   EXPECT_TRUE(Files().empty());
   EXPECT_EQ(pool.stats().bytes, 0u);
   EXPECT_TRUE(pool.Take(1).empty());
+}
+
+// Polls `done` until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+SharedMemoryPool::Options Adaptive(SharedMemoryPool::Options options) {
+  options.adaptive = true;
+  options.quiet = absl::Milliseconds(100);
+  return options;
+}
+
+void TakeAndRelease(SharedMemoryPool& pool, size_t count) {
+  std::vector<SharedMemorySlab> slabs = pool.Take(count);
+  for (SharedMemorySlab& slab : slabs) ReleaseSlab(slab);
+}
+
+// An adaptive pool starts empty and keeps what the largest burst of Takes
+// asked for (what it could not give included); a smaller burst later does
+// not shrink it.
+TEST_F(ShmPoolTest, AdaptivePoolKeepsWhatTheLargestBurstAskedFor) {
+  SharedMemoryPool pool(Adaptive(Options(8)));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(Files().empty());
+  EXPECT_EQ(pool.stats().target_bytes, 0u);
+  EXPECT_EQ(pool.stats().max_bytes, 8 * kSlab);
+  EXPECT_TRUE(pool.stats().adaptive);
+  {
+    SharedMemoryPool::Active busy = pool.MarkActive();
+    EXPECT_TRUE(pool.Take(3).empty());  // two exports of one burst
+    EXPECT_TRUE(pool.Take(2).empty());
+  }
+  ASSERT_TRUE(pool.WaitUntilFull(absl::Seconds(30)));
+  EXPECT_EQ(pool.stats().bytes, 5 * kSlab);
+  EXPECT_EQ(pool.stats().target_bytes, 5 * kSlab);
+  EXPECT_EQ(Files().size(), 5u);
+  {
+    SharedMemoryPool::Active busy = pool.MarkActive();
+    TakeAndRelease(pool, 2);
+  }
+  ASSERT_TRUE(Eventually([&] { return pool.stats().bytes == 5 * kSlab; },
+                         absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(pool.stats().target_bytes, 5 * kSlab);
+  EXPECT_EQ(pool.stats().bytes, 5 * kSlab);
+  EXPECT_EQ(pool.stats().filled_bytes_total, 7 * kSlab);
+}
+
+// What it learns stops at target_bytes.
+TEST_F(ShmPoolTest, AdaptivePoolStopsAtItsCap) {
+  SharedMemoryPool pool(Adaptive(Options(3)));
+  TakeAndRelease(pool, 10);
+  ASSERT_TRUE(pool.WaitUntilFull(absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(pool.stats().bytes, 3 * kSlab);
+  EXPECT_EQ(pool.stats().target_bytes, 3 * kSlab);
+  EXPECT_EQ(Files().size(), 3u);
+}
+
+// Unused for release_after, the adaptive pool frees every slab and
+// forgets its target: nothing is refilled until exports come back.
+TEST_F(ShmPoolTest, AdaptivePoolFreesItsMemoryWhenUnused) {
+  SharedMemoryPool::Options options = Adaptive(Options(8));
+  options.release_after = absl::Seconds(1);
+  SharedMemoryPool pool(options);
+  TakeAndRelease(pool, 2);
+  ASSERT_TRUE(pool.WaitUntilFull(absl::Seconds(30)));
+  EXPECT_EQ(Files().size(), 2u);
+  ASSERT_TRUE(Eventually([&] { return pool.stats().bytes == 0; },
+                         absl::Seconds(10)));
+  EXPECT_TRUE(Files().empty());
+  EXPECT_EQ(pool.stats().target_bytes, 0u);
+  EXPECT_EQ(pool.stats().trimmed_bytes_total, 2 * kSlab);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_TRUE(Files().empty());
+  EXPECT_EQ(pool.stats().filled_bytes_total, 2 * kSlab);
+}
+
+// The pool fills only within the headroom (the host memory no client
+// holds), and Trim gives slabs back when a reservation takes that room,
+// keeping the ones the reservation is about to take.
+TEST_F(ShmPoolTest, HeadroomBoundsThePoolAndTrimMakesRoom) {
+  std::atomic<uint64_t> headroom{3 * kSlab};
+  SharedMemoryPool::Options options = Options(6);
+  options.headroom = [&headroom] { return headroom.load(); };
+  SharedMemoryPool pool(options);
+  ASSERT_TRUE(Eventually([&] { return pool.stats().bytes == 3 * kSlab; },
+                         absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(800));  // past a headroom poll
+  EXPECT_EQ(pool.stats().bytes, 3 * kSlab);
+  EXPECT_EQ(Files().size(), 3u);
+
+  headroom = 1 * kSlab;  // a client reserved two slabs' worth elsewhere
+  pool.Trim(/*taking=*/0);
+  EXPECT_EQ(pool.stats().bytes, 1 * kSlab);
+  EXPECT_EQ(Files().size(), 1u);
+  EXPECT_EQ(pool.stats().trimmed_bytes_total, 2 * kSlab);
+
+  headroom = 0;  // ...and one more for an export that takes the last slab
+  pool.Trim(/*taking=*/kSlab);
+  EXPECT_EQ(pool.stats().bytes, 1 * kSlab);
+  std::vector<SharedMemorySlab> taken = pool.Take(1);
+  EXPECT_EQ(taken.size(), 1u);
+  for (SharedMemorySlab& slab : taken) ReleaseSlab(slab);
+
+  headroom = 5 * kSlab;  // released
+  ASSERT_TRUE(Eventually([&] { return pool.stats().bytes == 5 * kSlab; },
+                         absl::Seconds(30)));
 }
 
 }  // namespace

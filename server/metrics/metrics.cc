@@ -408,9 +408,15 @@ std::vector<MetricFamily> Metrics::Impl::CollectState() const {
     const ShmPoolFigures pool = sources_.shm_pool();
     Snapshot::Add(out.Family("materializer_shm_pool_target_bytes",
                              "Shared memory the pool keeps resident when the "
-                             "server is idle (--shm_pool_bytes)",
+                             "server is idle (adaptive: learned from the "
+                             "largest burst of exports)",
                              MetricType::Gauge),
                   {}, static_cast<double>(pool.target_bytes));
+    Snapshot::Add(out.Family("materializer_shm_pool_max_bytes",
+                             "The most the shared-memory pool may keep "
+                             "(--shm_pool_bytes)",
+                             MetricType::Gauge),
+                  {}, static_cast<double>(pool.max_bytes));
     Snapshot::Add(out.Family("materializer_shm_pool_bytes",
                              "Resident shared memory in the pool now",
                              MetricType::Gauge),
@@ -423,6 +429,12 @@ std::vector<MetricFamily> Metrics::Impl::CollectState() const {
                              "Shared memory the pool made resident",
                              MetricType::Counter),
                   {}, static_cast<double>(pool.filled_bytes));
+    Snapshot::Add(out.Family("materializer_shm_pool_trimmed_bytes_total",
+                             "Pool bytes freed unused: to make room for a "
+                             "reservation, or after --shm_pool_release_after "
+                             "without exports",
+                             MetricType::Counter),
+                  {}, static_cast<double>(pool.trimmed_bytes));
   }
   if (sources_.pool != nullptr) {
     const memory::PoolSnapshot snapshot = sources_.pool->Snapshot();

@@ -57,10 +57,12 @@ struct CheckpointCacheFigures {
 };
 
 struct ShmPoolFigures {
-  uint64_t target_bytes = 0;
+  uint64_t target_bytes = 0;  // what the refill works toward now
+  uint64_t max_bytes = 0;     // the most it may keep
   uint64_t bytes = 0;
   uint64_t taken_bytes = 0;
   uint64_t filled_bytes = 0;
+  uint64_t trimmed_bytes = 0;
 };
 
 struct StateSources {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -100,6 +101,32 @@ absl::StatusOr<std::unique_ptr<memory::GpuDriver>> OpenGpuDriver(
   return nvml;
 }
 
+// The most an adaptive shared-memory pool keeps: a quarter of the
+// smaller of the tmpfs and the host's memory (its cgroup limit when
+// lower). A quarter leaves the rest to exports beyond the pool and to the
+// trainers that map them; the pool also stays within the CPU capacity no
+// client holds (CpuHeadroom).
+uint64_t AdaptivePoolCap(uint64_t tmpfs_bytes) {
+  uint64_t bytes = memory::HostMemoryBytes();
+  if (tmpfs_bytes > 0 && tmpfs_bytes < bytes) bytes = tmpfs_bytes;
+  return bytes / 4;
+}
+
+// The CPU devices' bytes that no client holds in the ledger: the room the
+// shared-memory pool may use (its slabs are host memory).
+std::function<uint64_t()> CpuHeadroom(const memory::DevicePool* pool) {
+  return [pool] {
+    uint64_t free = 0;
+    const std::vector<memory::DeviceConfig>& devices = pool->devices();
+    for (size_t i = 0; i < devices.size(); ++i) {
+      if (devices[i].kind == memory::DeviceKind::kCpu) {
+        free += pool->FreeBytes(static_cast<int>(i));
+      }
+    }
+    return free;
+  };
+}
+
 }  // namespace
 
 std::string Server::metrics_address() const {
@@ -172,10 +199,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     server->checkpoint_cache_ =
         std::make_shared<load::RangeCache>(cache_options);
   }
-  absl::StatusOr<uint64_t> shm_pool_bytes = ParseBytes(options.shm_pool_bytes);
+  const bool adaptive_pool = options.shm_pool_bytes == "auto";
+  absl::StatusOr<uint64_t> shm_pool_bytes =
+      adaptive_pool ? absl::StatusOr<uint64_t>(0)
+                    : ParseBytes(options.shm_pool_bytes);
   if (!shm_pool_bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--shm_pool_bytes: ", shm_pool_bytes.status().message()));
+        "--shm_pool_bytes: ", shm_pool_bytes.status().message(),
+        " (a size, \"auto\" or 0)"));
   }
   // The default directory may be missing (a container without /dev/shm):
   // then only exports fail. One named on the command line must be usable.
@@ -197,17 +228,31 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
                << "); a tmpfs mounted with huge=within_size makes fresh "
                   "pages several times cheaper (docs/operations.md)";
   }
-  if (*shm_pool_bytes > 0) {
-    memory::SharedMemoryPool::Options pool_options;
+  memory::SharedMemoryPool::Options pool_options;
+  pool_options.slab_bytes = uint64_t{128} << 20;
+  if (adaptive_pool) {
+    pool_options.adaptive = true;
+    pool_options.target_bytes =
+        shm_dir.ok() ? AdaptivePoolCap(shm_dir->capacity_bytes) : 0;
+  } else {
     pool_options.target_bytes = *shm_pool_bytes;
-    pool_options.dir = options.shm_dir;
-    pool_options.quiet = options.shm_pool_quiet;
-    if (pool_options.target_bytes < pool_options.slab_bytes) {
+    if (pool_options.target_bytes > 0 &&
+        pool_options.target_bytes < pool_options.slab_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--shm_pool_bytes: ", options.shm_pool_bytes,
           " is less than one slab (", FormatBytes(pool_options.slab_bytes),
           "); use 0 for no pool"));
     }
+  }
+  if (pool_options.target_bytes >= pool_options.slab_bytes) {
+    pool_options.dir = options.shm_dir;
+    pool_options.quiet = options.shm_pool_quiet;
+    pool_options.release_after = options.shm_pool_release_after;
+    pool_options.headroom = CpuHeadroom(server->pool_.get());
+    MLOG(INFO) << "shared-memory pool: "
+               << (adaptive_pool ? "adaptive, up to " : "fixed, ")
+               << FormatBytes(pool_options.target_bytes)
+               << " (within the CPU capacity no client holds)";
     server->shm_pool_ =
         std::make_shared<memory::SharedMemoryPool>(pool_options);
   }
@@ -233,9 +278,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       const memory::SharedMemoryPool::Stats stats = pool->stats();
       metrics::ShmPoolFigures figures;
       figures.target_bytes = stats.target_bytes;
+      figures.max_bytes = stats.max_bytes;
       figures.bytes = stats.bytes;
       figures.taken_bytes = stats.taken_bytes_total;
       figures.filled_bytes = stats.filled_bytes_total;
+      figures.trimmed_bytes = stats.trimmed_bytes_total;
       return figures;
     };
   }

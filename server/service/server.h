@@ -116,10 +116,14 @@ struct ServerOptions {
   std::string checkpoint_readers;
   std::string checkpoint_cache_bytes = "2GiB";
   // Shared memory kept resident for exportable CPU arenas while idle
-  // (memory/shm_pool.h): "0" (none), "8GiB", ...; and how long after the
-  // last Materialize its refill may start.
-  std::string shm_pool_bytes = "0";
+  // (memory/shm_pool.h): "auto" (adaptive: as much as the largest burst
+  // of exports asked for, up to AdaptivePoolCap), a fixed size ("8GiB"),
+  // or "0" (none); how long after the last Materialize its refill may
+  // start; and how long an adaptive pool stays unused before it frees
+  // everything.
+  std::string shm_pool_bytes = "auto";
   absl::Duration shm_pool_quiet = absl::Seconds(1);
+  absl::Duration shm_pool_release_after = absl::Minutes(15);
   // The tmpfs directory that exportable CPU arenas (and the pool's slabs)
   // are files in (memory/shm_file.h). One mounted with huge=within_size
   // gives them 2 MiB pages (docs/operations.md, "Shared memory").

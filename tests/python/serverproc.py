@@ -217,10 +217,15 @@ def _tail(path, n=40):
 
 @contextlib.contextmanager
 def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
-                   log_level="warning", connect=True):
+                   log_level="warning", connect=True, shm_pool="0"):
     """A materializerd on 127.0.0.1:0 with `extra_args`, as a Server; stopped
     (SIGTERM, checked clean exit) on leaving the block. With connect=False
-    (a TLS server) the Server carries only the address and process."""
+    (a TLS server) the Server carries only the address and process.
+
+    `shm_pool` is its --shm_pool_bytes: "0" by default, so that a test sees
+    only the shared memory its own handles hold (the adaptive pool would
+    refill /dev/shm a second after each export); None leaves the binary's
+    default ("auto"), for the tests of that default."""
     pb, pb_grpc = import_protos()
     if not os.path.exists(SERVER_BIN):
         pytest.fail(
@@ -233,6 +238,9 @@ def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
     cmd = [SERVER_BIN, "--listen=127.0.0.1:0", f"--devices={devices}",
            f"--cpu_capacity={cpu_capacity}", f"--log_level={log_level}",
            *extra_args]
+    if shm_pool is not None and not any(
+            a.startswith("--shm_pool_bytes") for a in extra_args):
+        cmd.append(f"--shm_pool_bytes={shm_pool}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
                             stdin=subprocess.DEVNULL)
     lines = queue.Queue()

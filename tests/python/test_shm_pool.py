@@ -6,7 +6,9 @@ release, and the pool visible in GetStats and /metrics."""
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -17,6 +19,7 @@ import materializer as mz
 import scrape
 import serverproc
 from materializer import digest, shm
+from test_matctl_identity import matctl
 
 CLIENT = "pool-test"
 MIB = 1 << 20
@@ -126,6 +129,8 @@ def test_pool_figures_in_metrics(srv):
     pool = wait_full(srv)
     samples = scrape.scrape(scrape.metrics_url(srv))
     assert scrape.value(samples, "materializer_shm_pool_target_bytes") == POOL
+    assert scrape.value(samples, "materializer_shm_pool_max_bytes") == POOL
+    assert scrape.value(samples, "materializer_shm_pool_trimmed_bytes_total") == 0
     assert scrape.value(samples, "materializer_shm_pool_bytes") == pool.bytes
     assert scrape.value(samples, "materializer_shm_pool_taken_bytes_total") >= 3 * SLAB
     assert scrape.value(samples, "materializer_shm_pool_filled_bytes_total") >= \
@@ -139,3 +144,110 @@ def test_a_bad_pool_size_is_refused_at_start(value):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "--shm_pool_bytes" in r.stderr, r.stderr
+
+
+def wait_for(what, done, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def shm_dir():
+    """A directory of the test's own on the /dev/shm tmpfs, so that the
+    pool's files can be counted."""
+    d = tempfile.mkdtemp(prefix="mz-pool-", dir="/dev/shm")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def pool_files(d):
+    return sorted(n for n in os.listdir(d) if n.startswith("materializer-"))
+
+
+def test_the_default_pool_learns_its_size_from_exports_and_frees_it_unused(shm_dir):
+    """With no --shm_pool_bytes the pool is adaptive: empty until an export
+    asks for memory, then as large as that burst asked for, so the next
+    export of the same model gets resident pages; unused for
+    --shm_pool_release_after it frees everything."""
+    with serverproc.running_server(
+            ["--shm_pool_quiet=0s", "--shm_pool_release_after=8s",
+             f"--shm_dir={shm_dir}"], shm_pool=None) as srv:
+        pool = srv.stats(CLIENT).shm_pool
+        assert pool.adaptive
+        assert pool.max_bytes >= SLAB
+        assert (pool.target_bytes, pool.bytes) == (0, 0)
+        shown = matctl(f"--server={srv.address}", f"--client={CLIENT}", "stats")
+        assert shown.returncode == 0, shown.stderr
+        assert "shared-memory pool: 0 B resident, target 0 B (adaptive, up to " \
+            in shown.stdout, shown.stdout
+        time.sleep(1.0)
+        assert pool_files(shm_dir) == []          # a node that never exports
+
+        # The first export finds the pool empty and gets fresh pages...
+        h = srv.materialize(request(srv, 300), client=CLIENT).handle
+        assert srv.stats(CLIENT).shm_pool.taken_bytes == 0
+        assert srv.release(h, client=CLIENT).released
+        # ...and teaches the pool its size: three slabs (300 MiB).
+        wait_for("the pool to learn three slabs",
+                 lambda: srv.stats(CLIENT).shm_pool.bytes == 3 * SLAB)
+        assert srv.stats(CLIENT).shm_pool.target_bytes == 3 * SLAB
+        assert len(pool_files(shm_dir)) == 3
+
+        # The second export of that size is built from the pool's slabs and
+        # holds the same values as the first.
+        h = srv.materialize(request(srv, 300), client=CLIENT).handle
+        assert srv.stats(CLIENT).shm_pool.taken_bytes == 3 * SLAB
+        info = srv.describe(h, client=CLIENT)
+        exported = srv.stub.ExportHandle(srv.pb.ExportRequest(handle=h),
+                                         metadata=srv.md(CLIENT), timeout=60)
+        assert len(exported.shared_memory.segments) == 3
+        with shm.map_export(exported) as imported:
+            assert {n: digest.of_tensor(t) for n, t in imported.tensors.items()} == \
+                {t.name: t.digest for t in info.tensors}
+        srv.stub.CloseExport(srv.pb.CloseExportRequest(export_id=exported.export_id),
+                             metadata=srv.md(CLIENT), timeout=60)
+        assert srv.release(h, client=CLIENT).released
+        wait_for("the refill", lambda: srv.stats(CLIENT).shm_pool.bytes == 3 * SLAB)
+
+        # Unused for 8 s, it gives everything back and stays empty.
+        taken_at = time.monotonic()
+        wait_for("the unused pool to be freed",
+                 lambda: srv.stats(CLIENT).shm_pool.bytes == 0, timeout=30)
+        assert time.monotonic() - taken_at >= 3
+        pool = srv.stats(CLIENT).shm_pool
+        assert pool.target_bytes == 0
+        assert pool.trimmed_bytes == 3 * SLAB
+        assert pool_files(shm_dir) == []
+        time.sleep(1.5)
+        assert srv.stats(CLIENT).shm_pool.bytes == 0
+        srv.assert_idle(CLIENT)
+
+
+def test_the_pool_and_the_arenas_share_the_cpu_capacity(shm_dir):
+    """The pool's slabs are host memory: with --cpu_capacity=1GiB a client
+    that reserves 512 MiB gets it even though the pool held 768 MiB, the
+    pool giving back what no longer fits; together they never pass the
+    capacity, and the pool refills when the client releases."""
+    with serverproc.running_server(
+            [f"--shm_pool_bytes={6 * SLAB}", "--shm_pool_quiet=0s",
+             f"--shm_dir={shm_dir}"], cpu_capacity="1GiB") as srv:
+        wait_full(srv)
+        assert srv.stats(CLIENT).shm_pool.bytes == 6 * SLAB
+        req = request(srv, 512)
+        req.model.tensors.pop()           # exactly 512 MiB + 66 bytes
+        req.exportable = False            # private memory, not the pool's
+        h = srv.materialize(req, client=CLIENT).handle
+        pool = srv.stats(CLIENT).shm_pool
+        assert pool.bytes <= 1024 * MIB - 513 * MIB, pool
+        assert pool.bytes == 3 * SLAB
+        assert pool.trimmed_bytes == 3 * SLAB
+        time.sleep(1.5)                   # the refill stays within the room
+        assert srv.stats(CLIENT).shm_pool.bytes == 3 * SLAB
+        assert len(pool_files(shm_dir)) == 3
+        assert srv.release(h, client=CLIENT).released
+        wait_full(srv)
+        assert len(pool_files(shm_dir)) == 6
