@@ -25,13 +25,18 @@ parameters, what the first optimizer step does to memory), and reported
 with it. With the page cache warm (the files were just written or read):
 the time is the loaders' own work, not the disk's.
 
---pool SIZE adds "sdk bf16, pool" and "sdk fp32, pool": the same against a
-server started for each of these measurements with --shm_pool_bytes=SIZE
-(bench/run.py's pooled_service: warmed up by one whole load into a handle
-that is not exportable, which leaves its checkpoint cache as a load leaves
-a long-running server's without using the pool, then its pool full), whose arena comes from shared memory it made resident
-before the call; it is stopped right after, so no other path runs while
-it holds that memory.
+"sdk bf16, pool" and "sdk fp32, pool" are the same against a server with
+the default adaptive pool (--pool, --shm_pool_bytes; "auto" by default, 0
+for none) started for each of these measurements (bench/run.py's
+pooled_service: warmed up by one whole load into a handle that is not
+exportable, which leaves its checkpoint cache as a load leaves a
+long-running server's, then by one load of the same model over shm, which
+teaches the adaptive pool its size as a node's first job would; then its
+pool full), whose arena comes from shared memory it made resident before
+the call; it is stopped right after, so no other path runs while it holds
+that memory. "sdk bf16" and "sdk fp32" use the long-running server
+without a pool (--shm_pool_bytes=0): fresh pages, what the first load of
+a server's life gets ("sdk, fresh pages" in the tables).
 With --ranks, the ranks time "sdk Shard(0), pool" too.
 
 --huge-pages (as root) adds "sdk bf16, huge pages" and "sdk fp32, huge
@@ -273,8 +278,9 @@ def main():
         "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd")))
     ap.add_argument("--proto", default=os.environ.get(
         "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
-    ap.add_argument("--pool", default="4.5GiB",
-                    help="--shm_pool_bytes of a second server, timed as '... pool' (0: none)")
+    ap.add_argument("--pool", default="auto",
+                    help="--shm_pool_bytes of a second server, timed as '... pool' "
+                         "(default: the server's default, auto; 0: none)")
     ap.add_argument("--huge-pages", action="store_true",
                     help="as root: also time a server whose --shm_dir is a huge-page tmpfs")
     ap.add_argument("--write", action="store_true")
@@ -329,12 +335,20 @@ def main():
              + (["sdk bf16, pool, huge pages", "sdk fp32, pool, huge pages"]
                 if huge_svc and pooled else []))
 
+    def warm_up_pooled(client, dtype):
+        warm_up_load(client)
+        if args.pool == "auto":
+            # The adaptive pool learns its size from a load over shm.
+            model, _, _ = sdk_load(client, dtype)
+            del model
+            gc.collect()
+
     def pooled_load(dtype, shm_dir=None):
         with bench_run.pooled_service(
                 args.server, args.proto, args.threads, args.pool,
                 extra_args=[f"--checkpoint_roots=bench={args.dir}"]
                 + ([f"--shm_dir={shm_dir}"] if shm_dir else []),
-                warm_up=warm_up_load) as psvc:
+                warm_up=lambda c: warm_up_pooled(c, dtype)) as psvc:
             pooled_client = materializer.Client(psvc.address)
             model, wall, ph = sdk_load(pooled_client, dtype)
             write = write_once(model)
@@ -432,7 +446,9 @@ def main():
         for p in ((f"hf {dt}", f"sdk {dt}") + ((f"sdk {dt}, pool",) if pooled else ())
                   + ((f"sdk {dt}, huge pages",) if huge_svc else ())
                   + ((f"sdk {dt}, pool, huge pages",) if huge_svc and pooled else ())):
-            label = "sdk, " + p.split(", ", 1)[1] if ", " in p else p.split()[0]
+            label = ("sdk, " + p.split(", ", 1)[1] if ", " in p
+                     else "sdk, fresh pages" if p.startswith("sdk") else p.split()[0])
+            label = label.replace("sdk, huge pages", "sdk, fresh huge pages")
             lines.append(f"| {dt} | {label} | {span(times[p])} | "
                          f"{bench_run.ms(med(writes[p]))} | {span(ready[p])} | "
                          f"**{base / med(ready[p]):.2f}** |")
@@ -492,8 +508,13 @@ def main():
             f"{args.threads} threads on both sides",
             f"- 1-minute load average {load_before:.2f} before, {load_after:.2f} after",
             *([f"- 'pool' rows: a server started for each of their measurements with "
-               f"`--shm_pool_bytes={args.pool}` (warmed up by one load, its pool full), "
-               "stopped after"] if pooled else []),
+               f"`--shm_pool_bytes={args.pool}`"
+               + (" (the default)" if args.pool == "auto" else "")
+               + " (warmed up by one load into a handle that is not exportable"
+               + (" and one over shm, which teaches the adaptive pool its size"
+                  if args.pool == "auto" else "")
+               + ", its pool full), stopped after; 'fresh pages' rows: the long-running "
+               "server without a pool (`--shm_pool_bytes=0`)"] if pooled else []),
             *(["- 'huge pages' rows: a second long-running server with `--shm_dir` on a "
                "tmpfs mounted `huge=within_size` (fresh 2 MiB pages); 'pool, huge pages': "
                "the pooled server with that `--shm_dir`"] if huge_svc else []),

@@ -13,7 +13,8 @@ each timing, in interleaved repetitions,
                pool, root) the same against a server rank 0 starts for each
                of these repetitions with a shared-memory pool
                (bench/run.py's pooled_service: warmed up by one load of the
-               checkpoint, pool full)
+               checkpoint, and with the adaptive pool (auto) by one load of
+               each rank's shard, which teaches it its size; pool full)
                and stops after it;
   sdk Shard(0), huge pages  (with HUGE_ADDRESS) the same against a
                long-running server whose --shm_dir is a huge-page tmpfs;
@@ -121,9 +122,21 @@ def main():
                         + ([f"--shm_dir={pool_server['huge_shm_dir']}"]
                            if path.endswith("huge pages") else []),
                         warm_up=warm_up_load)
-                    box[0] = block.__enter__().address
+                    psvc = block.__enter__()
+                    box[0] = psvc.address
                 dist.broadcast_object_list(box, src=0)
                 pooled = materializer.Client(box[0])
+                if pool_server["pool"] == "auto":
+                    # An adaptive pool learns its size from exports: each
+                    # rank loads its shard once, as the first job on a
+                    # long-running server would, and the pool refills.
+                    warm, _ = sdk_path(pooled, checkpoint, mesh)
+                    del warm
+                    gc.collect()
+                    dist.barrier()
+                    if rank == 0:
+                        psvc.wait_pool_full()
+                    dist.barrier()
             base = rss_peak_reset()
             dist.barrier()
             t0 = time.perf_counter()

@@ -146,6 +146,11 @@ def in_process(tensors, seed):
 # ---------------------------------------------------------------------------
 
 class Service:
+    """A materializerd for a benchmark. Without a pool (--shm_pool_bytes=0)
+    unless `extra_args` names one: a long-running server's default pool
+    refills after each export, on the cores the next measurement needs;
+    pooled_service measures the pool, alone."""
+
     def __init__(self, binary, proto_dir, threads, extra_args=()):
         if not os.path.exists(binary):
             raise SystemExit(f"{binary} not found: build it first "
@@ -163,6 +168,8 @@ class Service:
                    MKL_NUM_THREADS=str(threads))
         self.cmd = [binary, "--listen=127.0.0.1:0", "--devices=cpu",
                     f"--workers={threads}", "--log_level=warning", *extra_args]
+        if not any(a.startswith("--shm_pool_bytes") for a in extra_args):
+            self.cmd.append("--shm_pool_bytes=0")
         import tempfile
         self.log = tempfile.NamedTemporaryFile(
             prefix="materializerd-bench-", suffix=".log", delete=False)
@@ -256,13 +263,13 @@ class Service:
 
 @contextlib.contextmanager
 def pooled_service(binary, proto_dir, threads, pool_bytes, extra_args=(), warm_up=None):
-    """A server with a shared-memory pool of `pool_bytes` (and the default
-    --shm_pool_quiet), alive only for the block: started, warmed up
-    (`warm_up(client)`, by default a small model, which takes nothing from
-    the pool; a checkpoint benchmark loads the checkpoint through the
-    stream transport, which fills the server's checkpoint cache as on a
-    long-running server, again without the pool), its pool full, then
-    yielded; stopped after. One block per measurement: a call takes from
+    """A server with a shared-memory pool of `pool_bytes` ("auto": the
+    server's default, adaptive; and the default --shm_pool_quiet), alive
+    only for the block: started, warmed up (`warm_up(client)`, by default a
+    small model over shm; an adaptive pool learns its size from the
+    warm-up's exports, so a benchmark of a model warms up with one shm load
+    of that model, as the first export on a long-running server would), its
+    pool full, then yielded; stopped after. One block per measurement: a call takes from
     the pool, which refills only after the server has been quiet.
     Alive only while its own measurement runs, because a pool keeps
     gigabytes resident, and with two servers, their checkpoint caches and

@@ -12,19 +12,25 @@ optimizer step does to memory), timed apart and reported with the path:
   in-process   model.to_empty(device="cpu"), then the model's own init
                (Hugging Face's init_weights(): every _init_weights, then the
                ties), in this process;
-  shm          materializer.materialize(model, transport="shm"): describe,
+  shm, pool    materializer.materialize(model, transport="shm"), what
+               transport="auto" picks for a co-located CPU trainer: describe,
                Materialize on the server, ExportHandle, the module's tensors
-               become views of the shared memory, Release;
-  shm, pool    the same against a server started for this measurement
-               with --shm_pool_bytes (bench/run.py's pooled_service): its
-               arena is built from shared memory the server made resident
-               before the call (and its first call already made). It is
-               stopped right after, so no other path runs while it holds
-               that memory;
-  shm, huge pages  (--huge-pages, as root) shm against a second server
-               whose --shm_dir is a tmpfs mounted huge=within_size (fresh
-               2 MiB pages; docs/operations.md); with a pool, "shm, pool,
-               huge pages" too (the pooled server with that --shm_dir);
+               become views of the shared memory, Release; against a server
+               with the default adaptive pool (--shm_pool_bytes=auto; --pool)
+               started for this measurement and warmed by one load of the
+               same model, which teaches the pool that size, as on any
+               server after its first export (bench/run.py's
+               pooled_service): the arena is built from shared memory the
+               server made resident before the call. It is stopped right
+               after, so no other path runs while it holds that memory;
+  shm, fresh pages  the same against the long-running server without a
+               pool (--shm_pool_bytes=0): fresh pages, what the first
+               export of a server's life gets;
+  shm, fresh huge pages  (--huge-pages, as root) the same against a second
+               server without a pool whose --shm_dir is a tmpfs mounted
+               huge=within_size (fresh 2 MiB pages; docs/operations.md);
+               and "shm, pool, huge pages" (the pooled server with that
+               --shm_dir);
   stream       materializer.materialize(model, transport="stream"): the same
                with the weights streamed into the module's tensors (raw
                format, received straight into place by client/direct.py,
@@ -126,6 +132,17 @@ def in_process(model):
     model.to_empty(device="cpu")
     model.init_weights()
     return time.perf_counter() - t0, {}
+
+
+def warm_up(name, client, rng):
+    """One shm load of model `name`, its module dropped: what a server's
+    adaptive pool learns its size from (the first export of a size)."""
+    import materializer
+    model = build(name)
+    materializer.materialize(model, client=client, transport="shm", rng=rng,
+                             progress=False)
+    del model
+    gc.collect()
 
 
 def service(model, client, transport, rng, seed, streams=1, part_bytes=None):
@@ -238,8 +255,9 @@ def main():
         "MATERIALIZERD", os.path.join(REPO, "bazel-bin", "server", "materializerd")))
     ap.add_argument("--proto", default=os.environ.get(
         "MATERIALIZER_PY_PROTO", os.path.join(REPO, "bazel-bin", "proto")))
-    ap.add_argument("--pool", default="4.5GiB",
-                    help="--shm_pool_bytes of the 'shm, pool' server (0: no such path)")
+    ap.add_argument("--pool", default="auto",
+                    help="--shm_pool_bytes of the 'shm, pool' server (default: the "
+                         "server's default, auto; 0: no such path)")
     ap.add_argument("--huge-pages", action="store_true",
                     help="as root: also time servers whose --shm_dir is a huge-page tmpfs")
     ap.add_argument("--write", action="store_true")
@@ -273,8 +291,8 @@ def main():
             rng = args.rng
             nbytes = materializer.describe(build(name), rng=rng).nbytes
             parted = nbytes > materializer.api.PART_BYTES
-            paths = (["in-process", "shm"] + (["shm, pool"] if pooled else [])
-                     + (["shm, huge pages"] if huge_svc else [])
+            paths = (["in-process"] + (["shm, pool"] if pooled else []) + ["shm, fresh pages"]
+                     + (["shm, fresh huge pages"] if huge_svc else [])
                      + (["shm, pool, huge pages"] if huge_svc and pooled else []) + ["stream"]
                      + (["stream, one handle"] if parted else [])
                      + ["stream x2", "stream grpcio"]
@@ -302,7 +320,8 @@ def main():
                         pool_block = bench_run.pooled_service(
                             args.server, args.proto, args.threads, args.pool,
                             extra_args=[f"--shm_dir={huge_dir}"] if p.endswith("huge pages")
-                            else ())
+                            else (),
+                            warm_up=lambda c, name=name: warm_up(name, c, rng))
                         pooled_client = materializer.Client(pool_block.__enter__().address)
                     base = rss_peak_reset()
                     if p == "in-process":
@@ -317,8 +336,10 @@ def main():
                     elif p.startswith("shm, pool"):
                         wall, ph = service(model, pooled_client, "shm", rng, 0)
                         pooled_client.close()
-                    elif p == "shm, huge pages":
+                    elif p == "shm, fresh huge pages":
                         wall, ph = service(model, huge_client, "shm", rng, 0)
+                    elif p == "shm, fresh pages":
+                        wall, ph = service(model, client, "shm", rng, 0)
                     elif p == "stream, one handle":
                         wall, ph = service(model, client, "stream", rng, 0, part_bytes=0)
                     else:
@@ -379,11 +400,14 @@ def main():
             "shared: ratios within a run compare like with like, absolute times do not)",
             f"- server: `{bench_run.shown_command(svc.cmd)}`",
             *([f"- 'shm, pool': a server started for each of its measurements with "
-               f"`--shm_pool_bytes={args.pool}` (its first call made, its pool full), "
-               "stopped after"] if pooled else []),
+               f"`--shm_pool_bytes={args.pool}`"
+               + (" (the default)" if args.pool == "auto" else "")
+               + ", warmed by one shm load of the same model, its pool full; stopped "
+               "after"] if pooled else []),
+            "- 'shm, fresh pages': the long-running server above (`--shm_pool_bytes=0`)",
             *(["- 'huge pages' paths: `--shm_dir` on a tmpfs mounted `huge=within_size` "
-               "(a second long-running server; 'shm, pool, huge pages': the pooled "
-               "server with it)"] if huge_svc else []),
+               "('shm, fresh huge pages': a second long-running server without a pool; "
+               "'shm, pool, huge pages': the pooled server with it)"] if huge_svc else []),
             "",
             table,
         ])
