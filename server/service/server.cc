@@ -228,33 +228,33 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
                << "); a tmpfs mounted with huge=within_size makes fresh "
                   "pages several times cheaper (docs/operations.md)";
   }
-  memory::SharedMemoryPool::Options pool_options;
-  pool_options.slab_bytes = uint64_t{128} << 20;
+  memory::SharedMemoryPool::Options shm_pool_options;
+  shm_pool_options.slab_bytes = uint64_t{128} << 20;
   if (adaptive_pool) {
-    pool_options.adaptive = true;
-    pool_options.target_bytes =
+    shm_pool_options.adaptive = true;
+    shm_pool_options.target_bytes =
         shm_dir.ok() ? AdaptivePoolCap(shm_dir->capacity_bytes) : 0;
   } else {
-    pool_options.target_bytes = *shm_pool_bytes;
-    if (pool_options.target_bytes > 0 &&
-        pool_options.target_bytes < pool_options.slab_bytes) {
+    shm_pool_options.target_bytes = *shm_pool_bytes;
+    if (shm_pool_options.target_bytes > 0 &&
+        shm_pool_options.target_bytes < shm_pool_options.slab_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--shm_pool_bytes: ", options.shm_pool_bytes,
-          " is less than one slab (", FormatBytes(pool_options.slab_bytes),
+          " is less than one slab (", FormatBytes(shm_pool_options.slab_bytes),
           "); use 0 for no pool"));
     }
   }
-  if (pool_options.target_bytes >= pool_options.slab_bytes) {
-    pool_options.dir = options.shm_dir;
-    pool_options.quiet = options.shm_pool_quiet;
-    pool_options.release_after = options.shm_pool_release_after;
-    pool_options.headroom = CpuHeadroom(server->pool_.get());
+  if (shm_pool_options.target_bytes >= shm_pool_options.slab_bytes) {
+    shm_pool_options.dir = options.shm_dir;
+    shm_pool_options.quiet = options.shm_pool_quiet;
+    shm_pool_options.release_after = options.shm_pool_release_after;
+    shm_pool_options.headroom = CpuHeadroom(server->pool_.get());
     MLOG(INFO) << "shared-memory pool: "
                << (adaptive_pool ? "adaptive, up to " : "fixed, ")
-               << FormatBytes(pool_options.target_bytes)
+               << FormatBytes(shm_pool_options.target_bytes)
                << " (within the CPU capacity no client holds)";
     server->shm_pool_ =
-        std::make_shared<memory::SharedMemoryPool>(pool_options);
+        std::make_shared<memory::SharedMemoryPool>(shm_pool_options);
   }
   metrics::StateSources sources;
   sources.pool = server->pool_.get();
