@@ -116,7 +116,7 @@ ABSL_FLAG(std::string, shm_pool_bytes, "auto",
           "shared memory kept resident while the server is idle, so that "
           "an exportable CPU arena (a co-located trainer's) does not wait "
           "for fresh pages: auto (as much as the largest burst of exports "
-          "asked for, up to a quarter of the smaller of /dev/shm and RAM), "
+          "asked for, up to half of the smaller of /dev/shm and RAM), "
           "a fixed size, or 0 (none); always within the CPU capacity no "
           "client holds, and charged to no client (docs/operations.md)");
 ABSL_FLAG(std::string, shm_dir, "/dev/shm",

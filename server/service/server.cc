@@ -101,15 +101,17 @@ absl::StatusOr<std::unique_ptr<memory::GpuDriver>> OpenGpuDriver(
   return nvml;
 }
 
-// The most an adaptive shared-memory pool keeps: a quarter of the
-// smaller of the tmpfs and the host's memory (its cgroup limit when
-// lower). A quarter leaves the rest to exports beyond the pool and to the
-// trainers that map them; the pool also stays within the CPU capacity no
-// client holds (CpuHeadroom).
+// The most an adaptive shared-memory pool keeps: half of the smaller of
+// the tmpfs and the host's memory (its cgroup limit when lower). Half,
+// because a slab taken becomes an export (the pool and the exports share
+// the tmpfs, they do not add up), while a default /dev/shm is itself half
+// of RAM, so a quarter of it would not hold a model of an eighth of the
+// host's memory; the learned size is what the exports used, and the pool
+// also stays within the CPU capacity no client holds (CpuHeadroom).
 uint64_t AdaptivePoolCap(uint64_t tmpfs_bytes) {
   uint64_t bytes = memory::HostMemoryBytes();
   if (tmpfs_bytes > 0 && tmpfs_bytes < bytes) bytes = tmpfs_bytes;
-  return bytes / 4;
+  return bytes / 2;
 }
 
 // The CPU devices' bytes that no client holds in the ledger: the room the
