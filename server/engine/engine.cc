@@ -162,16 +162,13 @@ absl::Status Build(registry::Handle& handle,
     // The pool's slabs are host memory outside the ledger: a reservation
     // that took the room they sit in gets it back before its arena is
     // allocated (keeping the slabs this arena is about to take).
-    bool host = false;
     uint64_t taking = 0;
-    for (const memory::Reservation& r : reservations) {
-      if (r.device().kind != memory::DeviceKind::kCpu) continue;
-      host = true;
-      if (spec.exportable && parts == nullptr) {
-        taking += shm_pool->SlabsFor(r.bytes()) * shm_pool->slab_bytes();
-      }
+    if (spec.exportable && parts == nullptr &&
+        reservations.front().device().kind == memory::DeviceKind::kCpu) {
+      taking = shm_pool->SlabsFor(reservations.front().bytes()) *
+               shm_pool->slab_bytes();
     }
-    if (host) shm_pool->Trim(taking);
+    shm_pool->Trim(taking);
   }
   std::unique_ptr<memory::Arena> arena;
   if (parts == nullptr) {

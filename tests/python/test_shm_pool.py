@@ -57,6 +57,20 @@ def request(srv, mib):
     return req
 
 
+def export_and_check(srv, h):
+    """Exports handle `h`, maps it as one range and checks that its tensors
+    hold what the server's digests say; closes the export, returns it."""
+    info = srv.describe(h, client=CLIENT)
+    exported = srv.stub.ExportHandle(srv.pb.ExportRequest(handle=h),
+                                     metadata=srv.md(CLIENT), timeout=60)
+    with shm.map_export(exported) as imported:
+        assert {n: digest.of_tensor(t) for n, t in imported.tensors.items()} == \
+            {t.name: t.digest for t in info.tensors}
+    srv.stub.CloseExport(srv.pb.CloseExportRequest(export_id=exported.export_id),
+                         metadata=srv.md(CLIENT), timeout=60)
+    return exported
+
+
 def test_export_is_the_pool_files_back_to_back_and_they_go_at_release(srv):
     before = wait_full(srv)
     assert before.target_bytes == POOL
@@ -64,9 +78,7 @@ def test_export_is_the_pool_files_back_to_back_and_they_go_at_release(srv):
     h = srv.materialize(request(srv, 300), client=CLIENT).handle
     taken = srv.stats(CLIENT).shm_pool.taken_bytes - before.taken_bytes
     assert taken == 3 * SLAB
-    info = srv.describe(h, client=CLIENT)
-    exported = srv.stub.ExportHandle(srv.pb.ExportRequest(handle=h),
-                                     metadata=srv.md(CLIENT), timeout=60)
+    exported = export_and_check(srv, h)
     segments = exported.shared_memory.segments
     assert len(segments) == 3
     assert exported.shared_memory.path == segments[0].path
@@ -80,13 +92,6 @@ def test_export_is_the_pool_files_back_to_back_and_they_go_at_release(srv):
         assert os.path.basename(s.path).startswith("materializer-")
     assert at == exported.arena_bytes
     assert [s.bytes for s in segments[:2]] == [SLAB, SLAB]
-
-    # Mapped as one range, the tensors hold what the server's digests say.
-    with shm.map_export(exported) as imported:
-        assert {n: digest.of_tensor(t) for n, t in imported.tensors.items()} == \
-            {t.name: t.digest for t in info.tensors}
-    srv.stub.CloseExport(srv.pb.CloseExportRequest(export_id=exported.export_id),
-                         metadata=srv.md(CLIENT), timeout=60)
     assert srv.release(h, client=CLIENT).released
     for s in segments:
         assert not os.path.exists(s.path), f"{s.path} outlived its handle"
@@ -198,18 +203,10 @@ def test_the_default_pool_learns_its_size_from_exports_and_frees_it_unused(shm_d
         assert len(pool_files(shm_dir)) == 3
 
         # The second export of that size is built from the pool's slabs and
-        # holds the same values as the first.
+        # holds what the server's digests say.
         h = srv.materialize(request(srv, 300), client=CLIENT).handle
         assert srv.stats(CLIENT).shm_pool.taken_bytes == 3 * SLAB
-        info = srv.describe(h, client=CLIENT)
-        exported = srv.stub.ExportHandle(srv.pb.ExportRequest(handle=h),
-                                         metadata=srv.md(CLIENT), timeout=60)
-        assert len(exported.shared_memory.segments) == 3
-        with shm.map_export(exported) as imported:
-            assert {n: digest.of_tensor(t) for n, t in imported.tensors.items()} == \
-                {t.name: t.digest for t in info.tensors}
-        srv.stub.CloseExport(srv.pb.CloseExportRequest(export_id=exported.export_id),
-                             metadata=srv.md(CLIENT), timeout=60)
+        assert len(export_and_check(srv, h).shared_memory.segments) == 3
         assert srv.release(h, client=CLIENT).released
         wait_for("the refill", lambda: srv.stats(CLIENT).shm_pool.bytes == 3 * SLAB)
 
