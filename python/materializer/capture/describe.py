@@ -411,6 +411,7 @@ def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
     literal_total = 0
     has_shards = False
     shards = {}
+    boxes = {}   # (shape, mesh, placements) -> box: layers repeat their shapes
     _resolve_norms(groups, by_key, problems)
     for g in groups:
         if g.key not in by_key:
@@ -459,7 +460,7 @@ def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
                                     f"this process, more than the {max_literal:,}-byte "
                                     "limit for literal values")
         if g.dtensor:
-            shards[g.key] = _shard_box(g)
+            shards[g.key] = _shard_box(g, boxes)
             has_shards = True
     for s, g in slots_in_order(groups):
         if g.key not in by_key:
@@ -495,9 +496,17 @@ def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
     return Spec(tensors, seed=seed, rng=rng, modules=modules)
 
 
-def _shard_box(group):
+def _shard_box(group, boxes):
+    """The global (offset, length) per dimension of the shard this rank
+    holds; `boxes` memoizes them by shape, mesh and placements (torch's
+    computation costs about 30 us a tensor, and a model's layers repeat a
+    few shapes)."""
     from torch.distributed.tensor import Replicate, Shard
     dt = group.tensor
+    key = (tuple(dt.shape), id(dt.device_mesh), tuple(dt.placements))
+    box = boxes.get(key)
+    if box is not None:
+        return box
     where = f"{group.root} ({group.owner_class})"
     for p in dt.placements:
         if type(p) is Shard or isinstance(p, Replicate):
@@ -509,4 +518,5 @@ def _shard_box(group):
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     local_shape, offset = compute_local_shape_and_global_offset(
         dt.shape, dt.device_mesh, dt.placements)
-    return tuple((int(o), int(l)) for o, l in zip(offset, local_shape))
+    box = boxes[key] = tuple((int(o), int(l)) for o, l in zip(offset, local_shape))
+    return box
