@@ -104,7 +104,7 @@ def _server_devices(client):
     """The devices of the server's pool, or of every replica's."""
     if client.has_replicas():
         return {d.device for r in client.replicas() if r.error is None for d in r.result.devices}
-    return {d.device for d in client.stats().devices}
+    return {d.device for d in client.server_info().devices}
 
 
 def _progress(enabled, total, desc):
@@ -217,14 +217,18 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
     source_pb = source.to_proto() if source is not None else None
     reports = []
     t0 = time.perf_counter()
-    if spec is None:
-        spec = describe(model, seed=seed, rng=rng, **describe_kwargs)
-    t_describe = time.perf_counter()
-    targets = Targets(model, spec)
     device = torch.device(device)
     client, own_client = _client_for(server, client, tls, token, connect_timeout)
     try:
-        mode, where, replica = _choose(client, transport, device, placement)
+        # Choosing the transport may ask the server for its devices: asked
+        # while describe() records the model, the round trip is off the
+        # call's path (on a busy host it took up to 0.1 s).
+        choice = _Ahead(_choose, client, transport, device, placement)
+        if spec is None:
+            spec = describe(model, seed=seed, rng=rng, **describe_kwargs)
+        t_describe = time.perf_counter()
+        targets = Targets(model, spec)
+        mode, where, replica = choice.result()
         # Streamed CPU weights land in new tensors whose pages are mapped on
         # first write; allocating them now and making them resident while
         # the server materializes takes those faults off the transfer
@@ -280,6 +284,31 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
             client.close()
 
 
+class _Ahead:
+    """fn(*args) on a thread of its own, started now; result() waits for
+    it and returns its value or raises its exception. Left unasked (the
+    caller failed first), the thread ends with its call and is dropped."""
+
+    def __init__(self, fn, *args):
+        self._outcome = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True,
+                                        name="materializer-ahead")
+        self._thread.start()
+
+    def _run(self, fn, args):
+        try:
+            self._outcome = (True, fn(*args))
+        except BaseException as e:  # noqa: BLE001 - raised in result()
+            self._outcome = (False, e)
+
+    def result(self):
+        self._thread.join()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+
 def _choose(client, transport, device, placement):
     """(transport, placement, replica) for this call; replica: the name of
     the replica the handle must land on (the one sharing this process's
@@ -332,6 +361,9 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
                 raise
             log.info("materializer: zero-copy delivery failed (%s); streaming", e)
         finally:
+            # Closed even though a forced release follows: the server keeps
+            # a force-released handle's exports closable, so one never
+            # closed would stay registered for the server's life.
             if export is not None:
                 try:
                     client.close_export(export.export_id, handle=handle)

@@ -468,10 +468,19 @@ def test_shared_memory_pages_become_the_trainers_when_the_handle_goes(srv, keep_
     server made. keep_handle: copy-on-write, so the server's bytes, fetched
     after the trainer wrote, are unchanged."""
     client = mz.Client(srv.address)
+    exports = []
+    export = client.export
+    client.export = lambda *a, **k: exports.append(export(*a, **k)) or exports[-1]
     with mz.meta_device():
         model = Wide()
     r = mz.materialize(model, client=client, seed=3, transport="shm", keep_handle=keep_handle)
     assert r.transport == "shm"
+    (exported,) = exports
+    if not keep_handle:
+        # Gone from the shared-memory folder once the call returns: the
+        # handle's release ended the export (the mapping outlives the names).
+        names = [exported.shared_memory.path] + [g.path for g in exported.shared_memory.segments]
+        assert [n for n in names if n and os.path.exists(n)] == []
     nbytes = r.bytes
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     anon = _rss_anon()
@@ -517,3 +526,41 @@ def test_infinite_constants_arrive_as_infinities(srv):
     assert torch.equal(model.mask[0], torch.zeros(4))
     assert torch.equal(model.mask[1], torch.full((4,), float("-inf")))
     srv.assert_idle()
+
+
+def test_server_info_lists_the_pool_devices_and_their_room(srv):
+    """Client.server_info() (what transport="auto" asks before choosing
+    shared memory): the server's devices, each with its capacity and what
+    is free now; a handle's reservation shows in its device's room."""
+    client = mz.Client(srv.address)
+    idle = {d.device: d for d in client.server_info().devices}
+    assert "cpu" in idle and idle["cpu"].capacity_bytes > 0
+    assert idle["cpu"].free_bytes == idle["cpu"].capacity_bytes
+    with mz.meta_device():
+        model = Wide()
+    r = mz.materialize(model, client=client, transport="stream", keep_handle=True)
+    busy = {d.device: d for d in client.server_info().devices}
+    assert busy["cpu"].free_bytes <= idle["cpu"].free_bytes - r.bytes
+    client.release(r.handle)
+    client.close()
+    srv.assert_idle()
+
+
+def test_a_co_located_load_leaves_no_export_open_on_the_server():
+    """After materialize() over shared memory the server holds nothing for
+    it: no handle, and no export (a force-released handle's exports stay
+    registered until closed, so an SDK that skipped CloseExport would
+    leave one per call for the server's life)."""
+    import scrape
+    with serverproc.running_server(["--metrics_listen=127.0.0.1:0"], log_level="info") as s:
+        url = scrape.metrics_url(s)
+        for seed in range(3):
+            with mz.meta_device():
+                model = Wide()
+            assert mz.materialize(model, server=s.address, seed=seed).transport == "shm"
+        after = scrape.scrape(url)
+        assert scrape.value(after, "materializer_exports_opened_total",
+                            kind="shared_memory") == 3
+        assert scrape.value(after, "materializer_exports_closed_total") == 3
+        assert scrape.value(after, "materializer_exports_open") == 0
+        s.assert_idle()

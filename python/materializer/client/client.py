@@ -462,6 +462,17 @@ class Client:
                              "stats_by_replica(), or stats(replica=NAME)")
         return self._call("GetStats", pb.GetStatsRequest(), replica=replica, timeout=timeout)
 
+    def server_info(self, timeout=None, replica=None):
+        """ServerInfo of the server (its replica name, advertised address
+        and devices with their free memory); with several replicas, of the
+        one named `replica` (replicas() asks them all). Lighter than
+        stats(): the server answers it without gathering its statistics."""
+        if replica is None and self.has_replicas():
+            raise ValueError(f"{self.address} names several replicas: use "
+                             "replicas(), or server_info(replica=NAME)")
+        return self._call("GetServerInfo", pb.GetServerInfoRequest(), replica=replica,
+                          timeout=timeout)
+
     def stats_by_replica(self, timeout=None):
         """[ReplicaResult] of GetStats: one per replica, by name, then one
         per address that did not answer (one entry for a single server)."""
