@@ -141,6 +141,22 @@ def test_a_server_that_is_down():
         assert text.endswith("; hint: " + error.hint)
 
 
+def test_a_model_that_cannot_be_described_fails_at_once_whatever_the_server():
+    """materialize() asks the server for its devices while describe()
+    records the model; when describe() fails, the call fails with its
+    CaptureError at once, not after waiting for a server that is down."""
+    class Unwritten(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(3, 3, device="meta"))
+
+    address = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(mz.CaptureError, match="nothing initializes it"):
+        mz.materialize(Unwritten(), server=address, connect_timeout=30)
+    assert time.monotonic() - t0 < 2.0
+
+
 def test_the_connect_timeout_is_a_keyword_and_a_variable(monkeypatch):
     address = f"127.0.0.1:{free_port()}"
     what = described()
