@@ -72,6 +72,67 @@ def test_every_init_function_and_inplace_form_becomes_its_scheme():
     assert all(p.device.type == "meta" for p in m.parameters())
 
 
+class Foreach(nn.Module):
+    """Init code that scales and shifts with torch._foreach_* ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(4, 4))
+        self.v = nn.Parameter(torch.empty(4))
+        self.u = nn.Parameter(torch.empty(3))
+
+    def init_weights(self):
+        with torch.no_grad():
+            nn.init.normal_(self.w)
+            nn.init.ones_(self.v)
+            nn.init.ones_(self.u)
+            torch._foreach_mul_([self.w, self.v], 0.5)
+            torch._foreach_add_([self.v, self.u], [1.0, 2.0])
+
+
+def test_foreach_ops_write_each_of_their_tensors():
+    """A _foreach_ op is its per-tensor op on each tensor of the list (list
+    arguments element by element): the spec holds the scaled and shifted
+    values, not the init before them (the recorder used to let the call
+    pass on the meta stand-ins, and v came back as ones)."""
+    with torch.device("meta"):
+        m = Foreach()
+    spec = mz.describe(m, reset_parameters=False)
+    assert one(spec, "w") == ("normal", {"mean": 0.0, "std": 0.5})
+    cpu = Foreach()
+    cpu.init_weights()
+    for name in ("v", "u"):
+        t = torch.empty_like(getattr(cpu, name))
+        reference.init_tensor(t, spec[name].steps, 0, name)
+        assert torch.equal(t, getattr(cpu, name).detach()), (name, t)
+    assert torch.equal(getattr(cpu, "v").detach(), torch.full((4,), 1.5))
+
+
+class PrivateInplace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.v = nn.Parameter(torch.empty(4))
+
+    def init_weights(self):
+        with torch.no_grad():
+            nn.init.ones_(self.v)
+            torch._index_put_impl_(self.v, (torch.tensor([0]),), torch.tensor(7.0))
+
+
+def test_a_private_inplace_op_writes_its_tensor():
+    """torch._name_(t, ...) writes t as a public in-place op does (the
+    recorder used to run it on the meta stand-in and keep ones())."""
+    with torch.device("meta"):
+        m = PrivateInplace()
+    spec = mz.describe(m, reset_parameters=False)
+    cpu = PrivateInplace()
+    cpu.init_weights()
+    t = torch.empty(4)
+    reference.init_tensor(t, spec["v"].steps, 0, "v")
+    assert torch.equal(t, torch.tensor([7.0, 1.0, 1.0, 1.0]))
+    assert torch.equal(t, cpu.v.detach())
+
+
 def test_later_call_overrides_and_a_slice_adds_a_step():
     class Emb(nn.Module):
         def __init__(self):

@@ -262,6 +262,8 @@ class Recorder(TorchFunctionMode):
                 done, result = self._init_call(init_name, args, kwargs)
             return result if done else func(*args, **kwargs)
         name = _name(func)
+        if name.startswith("_foreach_") and name.endswith("_"):
+            return self._foreach(func, name, args, kwargs)
         if self.track_new and func is torch.normal and _normal_factory(args, kwargs) \
                 and kwargs.get("device") is None:
             # torch.normal(mean, std, size) with numbers ignores the device
@@ -312,8 +314,42 @@ class Recorder(TorchFunctionMode):
             return None
         if name.startswith("__i") and name.endswith("__"):
             return args[0]
-        if name.endswith("_") and not name.startswith("_") and name not in _NON_DATA:
+        if name.endswith("_") and not name.startswith("__") and name not in _NON_DATA:
+            # Private in-place ops (`torch._foo_(t, ...)`) write their first
+            # argument as the public ones do: recorded, or refused, never run
+            # on the meta stand-in as if nothing had been written.
             return args[0]
+        return None
+
+    def _foreach(self, func, name, args, kwargs):
+        """torch._foreach_<op>_(tensors, ...) is <op>_ on each tensor of the
+        list, each list argument giving its element to its tensor: a model
+        tensor among them is recorded as its own <op>_ would be. Before, the
+        call ran on the meta stand-ins and wrote nothing that was recorded,
+        so `_foreach_mul_(params, 0.5)` after an init left the unscaled
+        values in the spec."""
+        tensors = args[0] if args else kwargs.get("self")
+        if not isinstance(tensors, (list, tuple)) or not any(
+                isinstance(t, torch.Tensor) and self.entry_of(t) is not None for t in tensors):
+            return func(*args, **kwargs)
+        op = name[len("_foreach_"):]
+        method = getattr(torch.Tensor, op, None)
+        n = len(tensors)
+
+        def nth(a, i):
+            return a[i] if isinstance(a, (list, tuple)) and len(a) == n else a
+
+        rest = args[1:] if args else ()
+        kwargs = {k: v for k, v in kwargs.items() if k != "self"}
+        for i, t in enumerate(tensors):
+            if method is None:
+                entry = self.entry_of(t) if isinstance(t, torch.Tensor) else None
+                if entry is not None:
+                    entry.unknown(None, f"torch.{name}: torch.Tensor has no {op} "
+                                        "for the recorder to follow per tensor")
+                continue
+            self.__torch_function__(method, (type(t),), (t, *[nth(a, i) for a in rest]),
+                                    {k: nth(v, i) for k, v in kwargs.items()})
         return None
 
     # -- torch.nn.init -------------------------------------------------------------
