@@ -133,6 +133,43 @@ def test_a_private_inplace_op_writes_its_tensor():
     assert torch.equal(t, cpu.v.detach())
 
 
+class Draws(nn.Module):
+    """Random in-place ops with no scheme, on tensors whose values are
+    known (ones) when they run."""
+
+    def __init__(self):
+        super().__init__()
+        for name in ("a", "b", "c", "d"):
+            self.register_parameter(name, nn.Parameter(torch.empty(8)))
+
+    def init_weights(self):
+        with torch.no_grad():
+            for p in self.parameters():
+                nn.init.ones_(p)
+            self.a.exponential_()
+            self.b.bernoulli_(0.5)
+            self.c.random_(0, 10)
+            self.d.copy_(torch.randperm(8, device=self.d.device).float())
+
+
+def test_a_draw_without_a_scheme_is_refused_not_drawn_here():
+    """Each is a CaptureError naming the tensor and the op (docs/python.md:
+    exponential_ is an unknown step), also after values the recorder knows:
+    computed here, the values would come from this process's generator and
+    change with every describe(). Overrides give them schemes."""
+    with torch.device("meta"):
+        m = Draws()
+    with pytest.raises(mz.CaptureError) as e:
+        mz.describe(m, reset_parameters=False)
+    problems = "\n".join(e.value.problems)
+    for name, op in (("a", "exponential_"), ("b", "bernoulli_"), ("c", "random_"),
+                     ("d", "randperm")):
+        assert f"{name} (Draws)" in problems and op in problems, (name, problems)
+    assert "would not follow the seed" in problems
+    spec = mz.describe(m, reset_parameters=False, overrides={"*": 0.0})
+    assert all(one(spec, n) == ("constant", {"val": 0.0}) for n in "abcd")
+
+
 def test_later_call_overrides_and_a_slice_adds_a_step():
     class Emb(nn.Module):
         def __init__(self):

@@ -68,6 +68,16 @@ _RANDOM_FACTORIES = {"randn": ("normal", {"mean": 0.0, "std": 1.0}),
                      "randn_like": ("normal", {"mean": 0.0, "std": 1.0}),
                      "rand": ("uniform", {"a": 0.0, "b": 1.0}),
                      "rand_like": ("uniform", {"a": 0.0, "b": 1.0})}
+# Random draws with no scheme: computed here from known inputs they would
+# use this process's global generator, so the spec would hold values that
+# change with every describe() and do not follow `seed`. They are unknown
+# instead (a CaptureError naming the op; an override gives the tensor a
+# scheme). torch.normal with tensor arguments is one (its factory form,
+# numbers only, is the normal scheme).
+_UNSEEDED_DRAWS = frozenset({
+    "exponential_", "random_", "bernoulli_", "bernoulli", "log_normal_", "cauchy_",
+    "geometric_", "randint", "randint_like", "randperm", "multinomial", "poisson",
+    "binomial", "normal"})
 _EMPTY = frozenset({"empty", "empty_like", "new_empty", "empty_strided",
                     "new_empty_strided"})
 _FILLS = {"zeros": 0, "zeros_like": 0, "new_zeros": 0,
@@ -674,6 +684,9 @@ class Recorder(TorchFunctionMode):
     def _compute_write(self, name, func, entry, target, args, kwargs, not_box=None):
         """Any other in-place op: computed here when every value it reads
         is known."""
+        if name in _UNSEEDED_DRAWS:
+            raise Unknown("a random draw the service has no scheme for (computed "
+                          "here, its values would not follow the seed)")
         def sub_of(view):
             def sub(x):
                 if x is target:
@@ -773,6 +786,9 @@ class Recorder(TorchFunctionMode):
                 if o.numel() != math.prod(trace.shape):
                     raise Unknown("it broadcasts values derived from a draw")
                 return trace.scheme(index), None
+        if name in _UNSEEDED_DRAWS:
+            raise Unknown("a random draw the service has no scheme for (computed "
+                          "here, its values would not follow the seed)")
         if name == "norm_except_dim" and metas:
             norm = self._norm_of(args, kwargs)
             if norm is not None:
