@@ -78,6 +78,8 @@ _UNSEEDED_DRAWS = frozenset({
     "exponential_", "random_", "bernoulli_", "bernoulli", "log_normal_", "cauchy_",
     "geometric_", "randint", "randint_like", "randperm", "multinomial", "poisson",
     "binomial", "normal"})
+_UNSEEDED_WHY = ("a random draw the service has no scheme for (computed here, its "
+                 "values would not follow the seed)")
 _EMPTY = frozenset({"empty", "empty_like", "new_empty", "empty_strided",
                     "new_empty_strided"})
 _FILLS = {"zeros": 0, "zeros_like": 0, "new_zeros": 0,
@@ -164,8 +166,6 @@ def _name(func):
 def _is_dtensor(x):
     dt = sys.modules.get("torch.distributed.tensor")
     return dt is not None and isinstance(x, dt.DTensor)
-
-
 
 
 class Recorder(TorchFunctionMode):
@@ -340,7 +340,7 @@ class Recorder(TorchFunctionMode):
         values in the spec."""
         tensors = args[0] if args else kwargs.get("self")
         if not isinstance(tensors, (list, tuple)) or not any(
-                isinstance(t, torch.Tensor) and self.entry_of(t) is not None for t in tensors):
+                self.entry_of(t) is not None for t in tensors):
             return func(*args, **kwargs)
         op = name[len("_foreach_"):]
         method = getattr(torch.Tensor, op, None)
@@ -353,7 +353,7 @@ class Recorder(TorchFunctionMode):
         kwargs = {k: v for k, v in kwargs.items() if k != "self"}
         for i, t in enumerate(tensors):
             if method is None:
-                entry = self.entry_of(t) if isinstance(t, torch.Tensor) else None
+                entry = self.entry_of(t)
                 if entry is not None:
                     entry.unknown(None, f"torch.{name}: torch.Tensor has no {op} "
                                         "for the recorder to follow per tensor")
@@ -685,8 +685,7 @@ class Recorder(TorchFunctionMode):
         """Any other in-place op: computed here when every value it reads
         is known."""
         if name in _UNSEEDED_DRAWS:
-            raise Unknown("a random draw the service has no scheme for (computed "
-                          "here, its values would not follow the seed)")
+            raise Unknown(_UNSEEDED_WHY)
         def sub_of(view):
             def sub(x):
                 if x is target:
@@ -787,8 +786,7 @@ class Recorder(TorchFunctionMode):
                     raise Unknown("it broadcasts values derived from a draw")
                 return trace.scheme(index), None
         if name in _UNSEEDED_DRAWS:
-            raise Unknown("a random draw the service has no scheme for (computed "
-                          "here, its values would not follow the seed)")
+            raise Unknown(_UNSEEDED_WHY)
         if name == "norm_except_dim" and metas:
             norm = self._norm_of(args, kwargs)
             if norm is not None:
