@@ -29,7 +29,6 @@
 #include "server/common/torch_guard.h"
 #include "server/common/units.h"
 #include "server/memory/arena_views.h"
-#include "server/memory/background_unmap.h"
 #include "server/memory/shm_file.h"
 #include "server/spec/torch_dtype.h"
 
@@ -314,10 +313,9 @@ absl::StatusOr<at::Tensor> AllocateSharedHostStorage(
     if (region == nullptr) {
       storage = at::empty({0}, at::TensorOptions().dtype(at::kByte));
     } else {
-      // Unmapped off the releasing call (background_unmap.h says why).
       storage = at::from_blob(
           region, {static_cast<int64_t>(bytes)},
-          [mapped](void* p) { UnmapInBackground(p, mapped); },
+          [mapped](void* p) { munmap(p, mapped); },
           at::TensorOptions().dtype(at::kByte));
     }
   });
@@ -384,10 +382,7 @@ Arena::Arena(DeviceConfig device, uint64_t bytes)
 Arena::~Arena() {
   UnlinkSharedMemory();
   // The views and the storage go first: the mapping (and a CUDA
-  // allocation) is freed before the descriptors and the ledger entry. A
-  // shared-memory mapping is handed to the background unmapper instead
-  // (background_unmap.h): its files are unlinked above, so its pages go
-  // back to the system once nobody maps them.
+  // allocation) is freed before the descriptors and the ledger entry.
   tensors_.reset();
   for (int fd : shm_fds_) close(fd);
 }
