@@ -154,9 +154,15 @@ def main():
             wall = time.perf_counter() - t0
             # The wait at the last barrier: the slowest rank's lead.
             phases["wait for the other ranks"] = time.perf_counter() - t_written
-            peak = status("VmHWM") - base
+            high = status("VmHWM")
             del model
             gc.collect()
+            # Growth above the lower of the levels before and after: memory
+            # of the previous path that is freed only during this one (the
+            # hf path's shards outlived `del` and a collection on some ranks,
+            # 0.55 GB) would otherwise count in the base and hide this
+            # path's own growth (a rank holding its 0.55 GB shard read 0).
+            peak = high - min(base, status("VmRSS"))
             if pooled is not None:
                 pooled.close()
                 dist.barrier()
