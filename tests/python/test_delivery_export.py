@@ -16,6 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
 from materializer import digest, shm  # noqa: E402
 
+import matutil  # noqa: E402
 import serverproc  # noqa: E402
 
 CLIENT = "export-test"
@@ -52,11 +53,7 @@ def close_export(server, export_id):
 
 
 def shmem_bytes():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no Shmem in /proc/meminfo")
+    return matutil.meminfo_bytes("Shmem")
 
 
 def test_second_process_reads_the_export_without_copies(server, tmp_path):

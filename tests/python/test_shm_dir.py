@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 import materializer as mz
+import matutil
 import serverproc
 
 
@@ -67,11 +68,7 @@ def compact_memory():
 
 def shmem_huge_bytes():
     """Bytes of tmpfs and shared memory held in 2 MiB pages, machine-wide."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("ShmemHugePages:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return matutil.meminfo_bytes("ShmemHugePages")
 
 
 def require_huge_pages(before, need):
