@@ -139,6 +139,9 @@ void CheckNothingHeld(const World& world, absl::string_view after) {
   FUZZ_CHECK(world.registry.size() == 0)
       << "after " << after << " the registry holds " << world.registry.size()
       << " handles";
+  const size_t exports = world.registry.Census().exports;
+  FUZZ_CHECK(exports == 0)
+      << "after " << after << " " << exports << " exports are open";
 }
 
 // Why Materialize must refuse `request` though Plan may accept it (fields
@@ -148,6 +151,12 @@ std::string MaterializeOnlyProblem(const v1::MaterializeRequest& request) {
   if (request.has_ttl()) return "ttl";  // its bounds are the engine's
   if (request.exportable() && request.placement().device() == "split") {
     return "exportable";
+  }
+  // Every device of this world is a CPU: an export needs shared memory.
+  if (request.has_open_export() &&
+      (!request.open_export().handle().empty() || !request.exportable() ||
+       request.placement().device() == "split")) {
+    return "open_export";
   }
   // This world's engine reads no checkpoints, and Plan sees none: a
   // request naming one is refused for that (FAILED_PRECONDITION, or
@@ -346,13 +355,22 @@ void CheckHandle(World& world, const engine::Caller& caller,
     CheckValues(request, plan, fetched->first, fetched->second);
   }
 
+  // An export opened with the handle is closed by the release.
+  FUZZ_CHECK(made.has_opened_export() == request.has_open_export())
+      << "open_export " << request.has_open_export() << ", answered with "
+      << (made.has_opened_export() ? "an" : "no") << " export";
   v1::ReleaseRequest release;
   release.set_handle(made.handle());
   release.set_force(true);
+  if (made.has_opened_export()) {
+    release.add_close_exports(made.opened_export().export_id());
+  }
   absl::StatusOr<v1::ReleaseResponse> released =
       world.engine->Release(caller, release);
   CheckStatus(released.status(), "Release");
   FUZZ_CHECK(released.ok() && released->released()) << Show(released.status());
+  FUZZ_CHECK(released->exports_closed() == (made.has_opened_export() ? 1 : 0))
+      << "the release closed " << released->exports_closed() << " exports";
 }
 
 }  // namespace
@@ -473,6 +491,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       v1::ReleaseRequest release;
       release.set_handle(cancelled_made->handle());
       release.set_force(true);
+      if (cancelled_made->has_opened_export()) {
+        release.add_close_exports(cancelled_made->opened_export().export_id());
+      }
       FUZZ_CHECK(world.engine->Release(caller, release).ok());
     }
     CheckNothingHeld(world, "a Materialize whose caller left");

@@ -192,6 +192,11 @@ def request_regressions():
                      moduleType=long)))
     add("echo-label", dict(model(tensor("w", [2], {"zeros": {}})),
                            label=long))
+    # An export of private memory, and of a handle named by the caller.
+    add("open-export-private", dict(model(tensor("w", [2], {"zeros": {}})),
+                                    openExport={}))
+    add("open-export-handle", dict(model(tensor("w", [2], {"zeros": {}})),
+                                   exportable=True, openExport={"handle": long}))
     return out
 
 
@@ -277,6 +282,10 @@ def request_corpus(pb, json_format):
         split["placement"] = {"device": "split", "split": {
             "devices": ["cpu:1", "cpu:0"], "maxMemory": {"cpu:1": "4KiB"}}}
         add_json(f"seed-{name}-small-split.json", json.dumps(split))
+        # Exported with the handle, closed by its release.
+        exported = copy.deepcopy(small)
+        exported.update(exportable=True, openExport={})
+        add_json(f"seed-{name}-small-open-export.json", json.dumps(exported))
     for name, req in derived_requests():
         for rng in (TORCH, PORTABLE):
             r = copy.deepcopy(req)

@@ -240,6 +240,7 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
         parts = [spec]
         if mode == "stream" and part_bytes and not keep_handle:
             parts = spec.split(part_bytes)
+        to_close = ()
         try:
             if len(parts) > 1:
                 handle = None
@@ -248,16 +249,19 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
                                                      dests=early, checkpoint=source_pb,
                                                      reports=reports)
             else:
+                # Shared memory: the export comes with the handle, one round
+                # trip (and one wait behind this client's other calls) less.
                 resp = client.materialize(spec.to_proto(), where, label=label,
                                           exportable=(mode == "shm"), replica=replica,
-                                          checkpoint=source_pb)
+                                          checkpoint=source_pb, open_export=(mode == "shm"))
                 handle, server_device = resp.handle, resp.device
                 reports.append(resp.checkpoint)
                 t_mat = time.perf_counter()
                 try:
-                    mode = _load(client, handle, spec, targets, device, mode, transport,
-                                 progress, verify, streams, dests=early,
-                                 keep_handle=keep_handle)
+                    mode, to_close = _load(
+                        client, handle, spec, targets, device, mode, transport, progress,
+                        verify, streams, dests=early, keep_handle=keep_handle,
+                        export=resp.opened_export if resp.HasField("opened_export") else None)
                 except BaseException:
                     _release(client, handle, force=True)
                     raise
@@ -266,7 +270,7 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
                 resident.stop()
         t_load = time.perf_counter()
         if handle is not None and not keep_handle:
-            _release(client, handle, force=(mode == "shm"))
+            _release(client, handle, force=(mode == "shm"), close_exports=to_close)
         missing = check_loaded(model)
         if missing:
             raise LoadError("still on the meta device after loading: " + ", ".join(missing[:10]))
@@ -335,18 +339,24 @@ def _choose(client, transport, device, placement):
 
 
 def _load(client, handle, spec, targets, device, mode, requested, progress, verify, streams,
-          dests=None, keep_handle=True):
-    """Delivers the handle into the module; returns the transport used.
+          dests=None, keep_handle=True, export=None):
+    """Delivers the handle into the module; returns the transport used and
+    the ids of exports the caller closes with its release of the handle.
     dests: destination tensors the stream transport fills (from
     targets.new_tensors; default: allocated here). keep_handle: the handle
     outlives the call, so shared memory is mapped copy-on-write (else the
     pages themselves, which become the trainer's once the handle is
-    released, before materialize() returns)."""
+    released, before materialize() returns). export: the handle's export,
+    when Materialize opened it (else exported here)."""
     if mode in ("shm", "ipc"):
-        export = None
+        # An export that came with the handle is closed by the release that
+        # follows (one call); one opened here, or a kept handle's, now.
+        close_with_release = export is not None and not keep_handle
+        handed_over = False
         try:
             uuid = device_uuid(device) if mode == "ipc" else ""
-            export = client.export(handle, importer_device_uuid=uuid)
+            if export is None:
+                export = client.export(handle, importer_device_uuid=uuid)
             if mode == "shm":
                 views = shm_views(export, spec, shared=not keep_handle)
                 if device.type != "cpu":
@@ -355,7 +365,8 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
             else:
                 dests = targets.allocate(device)
                 copy_cuda_ipc(export, spec, dests, device)
-            return mode
+            handed_over = close_with_release
+            return mode, ([export.export_id] if handed_over else ())
         except (RpcError, OSError, LoadError) as e:
             if requested != "auto":
                 raise
@@ -364,7 +375,7 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
             # Closed even though a forced release follows: the server keeps
             # a force-released handle's exports closable, so one never
             # closed would stay registered for the server's life.
-            if export is not None:
+            if export is not None and not handed_over:
                 try:
                     client.close_export(export.export_id, handle=handle)
                 except RpcError as e:
@@ -382,7 +393,7 @@ def _load(client, handle, spec, targets, device, mode, requested, progress, veri
             bar.close()
     if not targets.managed:
         targets.install(dests)
-    return "stream"
+    return "stream", ()
 
 
 def _stream_parts(client, parts, where, targets, device, label, progress, verify, streams,
@@ -481,8 +492,8 @@ class _MaterializePart:
         _release(self._client, resp.handle, force=True)
 
 
-def _release(client, handle, force):
+def _release(client, handle, force, close_exports=()):
     try:
-        client.release(handle, force=force)
+        client.release(handle, force=force, close_exports=close_exports)
     except RpcError as e:
         log.warning("materializer: Release %s: %s", handle, e)

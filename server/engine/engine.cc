@@ -380,6 +380,25 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
         "exportable: a handle split across devices cannot be exported; "
         "place it on one device");
   }
+  const bool open_export = request.has_open_export();
+  if (open_export) {
+    if (!request.open_export().handle().empty()) {
+      return absl::InvalidArgumentError(
+          "open_export.handle: must be empty (the new handle is the one "
+          "exported)");
+    }
+    if (request.async()) {
+      return absl::InvalidArgumentError(
+          "open_export: an async Materialize returns before the handle is "
+          "READY, and only a READY handle can be exported; call "
+          "ExportHandle once it is");
+    }
+    if (request.placement().device() == kSplit) {
+      return absl::InvalidArgumentError(
+          "open_export: a handle split across devices cannot be exported; "
+          "place it on one device");
+    }
+  }
   registry::HandleSpec spec;
   const absl::Time reserve_start = absl::Now();
   std::vector<memory::Reservation> reservations;
@@ -417,6 +436,13 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
                      pool_->Reserve(caller.identity,
                                     request.placement().device(),
                                     prepared.layout.arena_bytes));
+    if (open_export && !request.exportable() &&
+        reservation.device().kind == memory::DeviceKind::kCpu) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "open_export: the handle would be on ", reservation.device().name,
+          " in private memory, which another process cannot map; set "
+          "exportable"));
+    }
     spec.device = reservation.device().name;
     reservations.push_back(std::move(reservation));
   }
@@ -522,6 +548,16 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
     registry_->Forget(handle->id());
     return status;
   }
+  if (open_export) {
+    absl::StatusOr<v1::ExportResponse> exported =
+        Export(caller, handle, request.open_export().importer_device_uuid());
+    if (!exported.ok()) {
+      // Nothing left held: the caller never learns this handle.
+      registry_->Forget(handle->id());
+      return exported.status();
+    }
+    *response.mutable_opened_export() = std::move(*exported);
+  }
   response.set_state(v1::HANDLE_STATE_READY);
   timings->set_total_us(MicrosSince(start));
   CountMaterialization(options_.metrics, handle->spec(), *timings);
@@ -595,10 +631,12 @@ absl::StatusOr<v1::HandleInfo> Engine::Describe(
 
 absl::StatusOr<v1::ReleaseResponse> Engine::Release(
     const Caller& caller, const v1::ReleaseRequest& request) {
+  ASSIGN_OR_RETURN(const uint32_t closed, CloseExportsOf(caller, request));
   ASSIGN_OR_RETURN(registry::ReleaseResult result,
                    registry_->Release(caller.identity, request.handle(),
                                       request.force()));
   v1::ReleaseResponse response;
+  response.set_exports_closed(closed);
   response.set_released(result.released);
   response.set_freed_bytes(result.freed_bytes);
   if (result.released) {

@@ -132,6 +132,7 @@ class Engine {
   absl::StatusOr<v1::CloseExportResponse> CloseExport(
       const Caller& caller, const v1::CloseExportRequest& request);
 
+  // Closes request.close_exports first, then releases the handle.
   absl::StatusOr<v1::ReleaseResponse> Release(
       const Caller& caller, const v1::ReleaseRequest& request);
 
@@ -152,6 +153,17 @@ class Engine {
   v1::GetStatsResponse GetStats(const Caller& caller) const;
 
  private:
+  // ExportHandle of a handle already looked up (also Materialize's
+  // open_export).
+  absl::StatusOr<v1::ExportResponse> Export(
+      const Caller& caller, const std::shared_ptr<registry::Handle>& handle,
+      const std::string& importer_device_uuid);
+  // Release's first step: checks every id of request.close_exports (all
+  // before any is closed), then closes those still open; the number
+  // closed.
+  absl::StatusOr<uint32_t> CloseExportsOf(const Caller& caller,
+                                          const v1::ReleaseRequest& request);
+
   memory::DevicePool* const pool_;
   registry::HandleRegistry* const registry_;
   ThreadPool* const workers_;

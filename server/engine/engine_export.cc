@@ -23,6 +23,10 @@ namespace {
 // forced release).
 constexpr absl::string_view kHandleMark = "-h-";
 
+// ReleaseRequest.close_exports: far more than one importer needs, and a
+// bound on the work one Release asks for.
+constexpr int kMaxExportsClosedPerRelease = 64;
+
 std::string NewExportId(absl::string_view handle_id) {
   // NewHandleId is "h-" and 128 random bits.
   return absl::StrCat("x-", registry::NewHandleId().substr(2), "-",
@@ -44,6 +48,12 @@ absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
     const Caller& caller, const v1::ExportRequest& request) {
   ASSIGN_OR_RETURN(std::shared_ptr<registry::Handle> handle,
                    registry_->Get(caller.identity, request.handle()));
+  return Export(caller, handle, request.importer_device_uuid());
+}
+
+absl::StatusOr<v1::ExportResponse> Engine::Export(
+    const Caller& caller, const std::shared_ptr<registry::Handle>& handle,
+    const std::string& importer_device_uuid) {
   const v1::HandleState state = handle->state();
   if (state != v1::HANDLE_STATE_READY) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -87,12 +97,12 @@ absl::StatusOr<v1::ExportResponse> Engine::ExportHandle(
     // Check the device before handing out anything: an IPC handle opens
     // only on the device that holds the memory.
     ASSIGN_OR_RETURN(memory::CudaIpcInfo ipc, arena->ExportCudaIpc());
-    if (!request.importer_device_uuid().empty() &&
-        request.importer_device_uuid() != ipc.device_uuid) {
+    if (!importer_device_uuid.empty() &&
+        importer_device_uuid != ipc.device_uuid) {
       return absl::FailedPreconditionError(absl::StrCat(
           "handle ", handle->id(), " is on ", arena->device().name, " (",
           ipc.device_uuid, "), but the importer's device is ",
-          Quote(request.importer_device_uuid()),
+          Quote(importer_device_uuid),
           ": a CUDA IPC handle opens only on the device that holds the "
           "memory. Materialize on the importer's device (placement "
           "\"cuda:N\"), or fetch the weights instead"));
@@ -148,6 +158,49 @@ absl::StatusOr<v1::CloseExportResponse> Engine::CloseExport(
   v1::CloseExportResponse response;
   response.set_remaining_exports(remaining);
   return response;
+}
+
+absl::StatusOr<uint32_t> Engine::CloseExportsOf(
+    const Caller& caller, const v1::ReleaseRequest& request) {
+  const auto& ids = request.close_exports();
+  if (ids.empty()) return 0;
+  if (ids.size() > kMaxExportsClosedPerRelease) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("close_exports: ", ids.size(), " ids; the limit is ",
+                     kMaxExportsClosedPerRelease));
+  }
+  for (int i = 0; i < ids.size(); ++i) {
+    absl::StatusOr<std::string> owner = HandleOfExport(ids[i]);
+    if (!owner.ok() || *owner != request.handle()) {
+      // The handle is not named: this is checked before anyone's handle
+      // is looked up, and says nothing about it.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "close_exports[", i, "]: ", Quote(ids[i]),
+          " is not an export of the handle being released (an export id "
+          "ends with its handle's id)"));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (ids[j] == ids[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("close_exports[", i, "]: ", Quote(ids[i]),
+                         " is named twice (also close_exports[", j, "])"));
+      }
+    }
+  }
+  absl::StatusOr<std::shared_ptr<registry::Handle>> handle =
+      registry_->GetExported(caller.identity, request.handle());
+  // Not the caller's handle, or gone: the release that follows says which.
+  if (!handle.ok()) return 0;
+  uint32_t closed = 0;
+  for (const std::string& id : ids) {
+    // NOT_FOUND: closed already (a repeated Release), which is fine.
+    if ((*handle)->CloseExport(id).ok()) {
+      ++closed;
+      if (options_.metrics != nullptr) options_.metrics->RecordExportClosed();
+    }
+  }
+  if (closed > 0) registry_->ExportClosed(request.handle());
+  return closed;
 }
 
 }  // namespace materializer::engine

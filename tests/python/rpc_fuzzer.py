@@ -488,11 +488,19 @@ class Client(threading.Thread):
             req.ttl.seconds = self.rng.choice([0, 1, 3600, -5, 10**12])
         if self.rng.random() < 0.25:
             req.exportable = True
+        if self.rng.random() < 0.15:
+            req.open_export.SetInParent()
+            if self.rng.random() < 0.2:
+                req.open_export.handle = self.rng.choice(["h-1", self.handle_id()[0]])
+            if self.rng.random() < 0.2:
+                req.open_export.importer_device_uuid = self.rng.choice(["GPU-0", "x"])
         code, resp = self.call("Materialize", self.t.stub.Materialize, req)
         if code == grpc.StatusCode.OK:
             self.handles.append(resp.handle)
             if req.exportable:
                 self.exportable.add(resp.handle)
+            if resp.HasField("opened_export"):
+                self.exports.append(resp.opened_export.export_id)
             self.publish()
 
     def check_isolated(self, rpc, code, whose, result, handle):
@@ -569,6 +577,13 @@ class Client(threading.Thread):
         handle, whose = self.handle_id()
         req = self.pb.ReleaseRequest(handle=handle,
                                      force=self.rng.random() < 0.4)
+        if self.rng.random() < 0.3:
+            # Its own exports (or any of this client's), junk, repeats.
+            pool = [e for e in self.exports if e.endswith(handle)] or self.exports
+            for _ in range(self.rng.choice([1, 1, 2, 65])):
+                req.close_exports.append(
+                    self.rng.choice(pool) if pool and self.rng.random() < 0.8
+                    else self.rng.choice(["", "x-1", "x-" + handle, long_text(self.rng, 300)]))
         code, result = self.call("Release", self.t.stub.Release, req)
         self.check_isolated("Release", code, whose, result, handle)
         if code == grpc.StatusCode.OK and handle in self.handles:

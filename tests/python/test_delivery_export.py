@@ -175,6 +175,115 @@ def test_bad_exports(server):
         server.release(private, client=CLIENT)
 
 
+def materialize_exported(server, mib, client=CLIENT, **fields):
+    """Materialize with open_export: the MaterializeResponse."""
+    req = server.parse_request(json.dumps(model(mib)))
+    req.exportable = True
+    req.open_export.SetInParent()
+    for name, value in fields.items():
+        setattr(req, name, value)
+    return server.materialize(req, client=client)
+
+
+def release(server, handle, client=CLIENT, **fields):
+    return server.stub.Release(server.pb.ReleaseRequest(handle=handle, **fields),
+                               metadata=server.md(client), timeout=60)
+
+
+def test_materialize_opens_the_export_and_release_closes_it(server):
+    resp = materialize_exported(server, 4)
+    h, exported = resp.handle, resp.opened_export
+    assert exported.export_id.endswith(h)
+    assert os.path.exists(exported.shared_memory.path)
+    info = server.describe(h, client=CLIENT)
+    assert info.exports == 1  # a real export: counted, and it holds the handle
+    assert {t.name: (t.offset, t.nbytes) for t in exported.tensors} == \
+        {t.name: (t.arena_offset, t.nbytes) for t in info.tensors}
+    with shm.map_export(exported) as imported:
+        assert {n: digest.of_tensor(t) for n, t in imported.tensors.items()} == \
+            {t.name: t.digest for t in info.tensors}
+    # Exported, so a plain release is refused and changes nothing...
+    with pytest.raises(grpc.RpcError) as e:
+        release(server, h)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert server.describe(h, client=CLIENT).exports == 1
+    # ... unless the release closes the export first: one call, no force.
+    released = release(server, h, close_exports=[exported.export_id])
+    assert released.released and released.exports_closed == 1
+    assert not os.path.exists(exported.shared_memory.path)
+    with pytest.raises(grpc.RpcError) as e:
+        close_export(server, exported.export_id)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND  # closed by the release
+    # Repeated (a retry after a lost answer): harmless, nothing to do.
+    again = release(server, h, close_exports=[exported.export_id])
+    assert not again.released and again.exports_closed == 0
+    server.assert_idle(CLIENT)
+
+
+def test_forced_release_closes_its_exports(server):
+    resp = materialize_exported(server, 1)
+    second = export(server, resp.handle)
+    released = release(server, resp.handle, force=True,
+                       close_exports=[resp.opened_export.export_id, second.export_id])
+    assert released.released and released.exports_closed == 2
+    # Nothing is left draining: both exports are gone with the handle.
+    for export_id in (resp.opened_export.export_id, second.export_id):
+        with pytest.raises(grpc.RpcError) as e:
+            close_export(server, export_id)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    server.assert_idle(CLIENT)
+
+
+def test_bad_open_export_and_close_exports(server):
+    # Each refused before anything is reserved, naming the field.
+    for fields, words in (({"async": True}, ("open_export", "async")),
+                          ({"exportable": False}, ("open_export", "exportable"))):
+        req = server.parse_request(json.dumps(model(1)))
+        req.exportable = True
+        req.open_export.SetInParent()
+        for name, value in fields.items():
+            setattr(req, name, value)
+        with pytest.raises(grpc.RpcError) as e:
+            server.materialize(req, client=CLIENT)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
+        assert all(w in e.value.details() for w in words), e.value.details()
+        server.assert_idle(CLIENT)
+    req = server.parse_request(json.dumps(model(1)))
+    req.exportable = True
+    req.open_export.handle = "h-" + "0" * 32
+    with pytest.raises(grpc.RpcError) as e:
+        server.materialize(req, client=CLIENT)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "open_export.handle" in e.value.details()
+    server.assert_idle(CLIENT)
+
+    a = materialize_exported(server, 1)
+    b = materialize_exported(server, 1)
+    try:
+        for ids, words in (([b.opened_export.export_id], ("close_exports[0]", "not an export")),
+                           (["x-nonsense"], ("close_exports[0]",)),
+                           ([a.opened_export.export_id] * 2, ("close_exports[1]", "twice")),
+                           ([a.opened_export.export_id] + ["x"] * 64, ("close_exports", "64"))):
+            with pytest.raises(grpc.RpcError) as e:
+                release(server, a.handle, force=True, close_exports=ids)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ids[:2]
+            assert all(w in e.value.details() for w in words), e.value.details()
+            # Nothing changed: both handles and both exports are still there.
+            assert server.describe(a.handle, client=CLIENT).exports == 1
+            assert server.describe(b.handle, client=CLIENT).exports == 1
+        # Another client cannot close this client's export through its own
+        # Release: the handle is not theirs.
+        with pytest.raises(grpc.RpcError) as e:
+            release(server, a.handle, client="someone-else", force=True,
+                    close_exports=[a.opened_export.export_id])
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert server.describe(a.handle, client=CLIENT).exports == 1
+    finally:
+        for r in (a, b):
+            release(server, r.handle, close_exports=[r.opened_export.export_id])
+    server.assert_idle(CLIENT)
+
+
 def _cuda_devices():
     try:
         import torch

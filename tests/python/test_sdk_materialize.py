@@ -468,14 +468,29 @@ def test_shared_memory_pages_become_the_trainers_when_the_handle_goes(srv, keep_
     server made. keep_handle: copy-on-write, so the server's bytes, fetched
     after the trainer wrote, are unchanged."""
     client = mz.Client(srv.address)
-    exports = []
-    export = client.export
-    client.export = lambda *a, **k: exports.append(export(*a, **k)) or exports[-1]
+    calls, answers = [], []
+    call = client._call
+
+    def recorded(method, request, **kw):
+        calls.append(method)
+        answer = call(method, request, **kw)
+        answers.append(answer)
+        return answer
+
+    client._call = recorded
     with mz.meta_device():
         model = Wide()
     r = mz.materialize(model, client=client, seed=3, transport="shm", keep_handle=keep_handle)
     assert r.transport == "shm"
-    (exported,) = exports
+    # The export comes with the handle; the release closes it (a kept
+    # handle's export is closed at once): one call each, nothing else.
+    assert calls == ["Materialize", "Release"] if not keep_handle else \
+        ["Materialize", "CloseExport"], calls
+    exported = answers[0].opened_export
+    assert exported.export_id.endswith(r.handle)
+    if not keep_handle:
+        assert answers[1].released and answers[1].exports_closed == 1
+    client._call = call
     if not keep_handle:
         # Gone from the shared-memory folder once the call returns: the
         # handle's release ended the export (the mapping outlives the names).
@@ -500,6 +515,43 @@ def test_shared_memory_pages_become_the_trainers_when_the_handle_goes(srv, keep_
     else:
         assert grown < 0.25 * nbytes, (grown, nbytes)  # no copy: the pages are ours
         assert not list(client.list_handles())         # released: the pages are the trainer's
+    client.close()
+    srv.assert_idle()
+
+
+def test_shared_memory_from_a_server_without_open_export(srv):
+    """A server older than MaterializeRequest.open_export answers without
+    the export: the SDK exports the handle itself and closes the export
+    before the release, and the module gets the same weights."""
+    client = mz.Client(srv.address)
+    calls = []
+    call, materialize = client._call, client.materialize
+
+    def recorded(method, request, **kw):
+        calls.append(method)
+        return call(method, request, **kw)
+
+    def old_server(*a, **kw):
+        resp = materialize(*a, **kw)
+        if resp.HasField("opened_export"):   # as an old server: never opened
+            client.close_export(resp.opened_export.export_id)
+            resp.ClearField("opened_export")
+        return resp
+
+    with mz.meta_device():
+        model = Wide()
+    client.materialize = old_server
+    client._call = recorded
+    r = mz.materialize(model, client=client, seed=3, transport="shm")
+    client._call, client.materialize = call, materialize
+    assert r.transport == "shm"
+    assert calls == ["Materialize", "CloseExport", "ExportHandle", "CloseExport", "Release"], calls
+    with mz.meta_device():
+        expected = Wide()
+    mz.materialize(expected, client=client, seed=3, transport="stream")
+    for (n, p), q in zip(model.named_parameters(), expected.parameters()):
+        assert torch.equal(p.detach(), q.detach()), n
+    assert not list(client.list_handles())
     client.close()
     srv.assert_idle()
 

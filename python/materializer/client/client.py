@@ -401,17 +401,24 @@ class Client:
                           timeout=timeout)
 
     def materialize(self, model, placement=None, *, label="", exportable=False,
-                    ttl=None, async_=False, timeout=None, replica=None, checkpoint=None):
+                    ttl=None, async_=False, timeout=None, replica=None, checkpoint=None,
+                    open_export=False, importer_device_uuid=""):
         """MaterializeResponse; the handle is bound to this client's session
         (when sessions are on; on that replica), else leased for `ttl`
         seconds. With several replicas it lands on the one with the most
         room for `placement`, or on the one named `replica`. `checkpoint`: a
-        CheckpointSource the server fills the tensors it holds from."""
+        CheckpointSource the server fills the tensors it holds from.
+        open_export: the server also exports the handle (as export() would)
+        and the response's `opened_export` holds it; a server older than
+        that field leaves it unset (call export() then)."""
         req = pb.MaterializeRequest(model=model, placement=_placement(placement),
                                     label=label, exportable=exportable,
                                     **{"async": async_})
         if checkpoint is not None:
             req.checkpoint.CopyFrom(checkpoint)
+        if open_export:
+            req.open_export.SetInParent()
+            req.open_export.importer_device_uuid = importer_device_uuid
         if ttl is not None:
             req.ttl.FromNanoseconds(int(ttl * 1e9))
         return self._call("Materialize", req, placement=req.placement, replica=replica,
@@ -427,8 +434,11 @@ class Client:
         return self._call("DescribeFile", pb.FetchRequest(handle=handle, **fetch_fields),
                           handle=handle, timeout=timeout)
 
-    def release(self, handle, force=False, timeout=None):
-        return self._call("Release", pb.ReleaseRequest(handle=handle, force=force),
+    def release(self, handle, force=False, timeout=None, close_exports=()):
+        """ReleaseResponse. close_exports: ids of this handle's exports the
+        server closes first, in the same call."""
+        return self._call("Release", pb.ReleaseRequest(handle=handle, force=force,
+                                                       close_exports=list(close_exports)),
                           handle=handle, timeout=timeout)
 
     def renew(self, handle, timeout=None):
