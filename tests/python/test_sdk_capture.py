@@ -5,6 +5,8 @@ names the tensor, the op and the module class."""
 
 import math
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -380,6 +382,64 @@ def test_an_op_the_recorder_cannot_express_names_tensor_op_and_module():
     spec = mz.describe(m, overrides={"gate": mz.init.ones(), "proj.*": {"normal": {"std": 0.1}}})
     assert one(spec, "gate") == ("ones", {})
     assert one(spec, "proj.weight") == ("normal", {"std": 0.1})
+
+
+@pytest.mark.parametrize("write", ["copy_", "fill_", "__setitem__", "resize_", "typed copy_"])
+def test_a_write_through_the_storage_is_an_error_not_ignored(write):
+    """Storage methods are invisible to torch function modes: without the
+    recorder's own check the tensor would keep its Linear init, while torch
+    gives the written values."""
+    class ViaStorage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def init_weights(self):
+            storage = self.lin.weight.untyped_storage()
+            if write == "copy_":
+                storage.copy_(torch.ones(4, 4).untyped_storage())
+            elif write == "fill_":
+                storage.fill_(0)
+            elif write == "__setitem__":
+                storage[0] = 7
+            elif write == "resize_":
+                storage.resize_(0)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")   # TypedStorage is deprecated
+                    self.lin.weight.data.storage().copy_(torch.ones(16).storage())
+
+    with torch.device("meta"):
+        m = ViaStorage()
+    name = write.split()[-1]
+    with pytest.raises(mz.CaptureError) as e:
+        mz.describe(m)
+    assert any(p.startswith("lin.weight (Linear)") and f"UntypedStorage.{name}" in p
+               for p in e.value.problems), e.value.problems
+    # Only that tensor; and storage methods work again once describe() is done.
+    assert not any(p.startswith("lin.bias") for p in e.value.problems)
+    s = torch.zeros(2).untyped_storage()
+    s.fill_(1)
+    assert s.tolist() == [1] * len(s)
+    # An override covers it.
+    spec = mz.describe(m, overrides={"lin.weight": mz.init.ones()})
+    assert one(spec, "lin.weight") == ("ones", {})
+
+
+def test_a_storage_write_of_a_real_tensor_is_left_alone_while_describing():
+    m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    before = m[0].weight.detach().clone()
+    with torch.device("meta"):
+        m[1] = nn.Linear(3, 2)
+
+    def init(model):
+        model[0].weight.untyped_storage().fill_(0)   # a real tensor: untouched
+        nn.init.zeros_(model[1].weight)
+        nn.init.zeros_(model[1].bias)
+
+    spec = mz.describe(m, init=init, keep_real=True)
+    assert [t.name for t in spec.tensors] == ["1.weight", "1.bias"]
+    assert torch.equal(m[0].weight, before)
 
 
 def test_an_override_that_matches_nothing_is_an_error():

@@ -168,6 +168,58 @@ def _is_dtensor(x):
     return dt is not None and isinstance(x, dt.DTensor)
 
 
+# Writes through a tensor's storage (`t.untyped_storage().copy_(...)`,
+# `.fill_`, `[i] = v`, `.resize_`) are storage methods, which torch function
+# modes never see: without these patches such a write would leave the
+# tensor with its earlier steps, silently other values than torch gives.
+# While a Recorder is active, UntypedStorage's writing methods check their
+# storage: a tracked one gets an unknown step (describe() names the tensor
+# and the method), a real model tensor's is left unchanged; any other
+# storage runs as usual. (TypedStorage writes go through these, or through
+# tensor indexing, which the mode sees.)
+_STORAGE_WRITES = ("copy_", "fill_", "__setitem__", "resize_")
+_active = []          # Recorders inside `with`, innermost last
+_storage_methods = {}  # name -> UntypedStorage's own method, while patched
+
+
+def _storage_write(name):
+    original = _storage_methods[name]
+
+    def write(storage, *args, **kwargs):
+        key = getattr(storage, "_cdata", None)
+        for rec in reversed(_active):
+            entry = rec.entries.get(key)
+            if entry is not None:
+                with _quiet():
+                    entry.unknown(None, f"written through its storage "
+                                        f"(torch.UntypedStorage.{name})")
+                return None if name == "__setitem__" else storage
+            if key in rec.protected:
+                return None if name == "__setitem__" else storage
+        return original(storage, *args, **kwargs)
+
+    write.__name__ = name
+    return write
+
+
+def _patch_storage_writes():
+    if _storage_methods:
+        return
+    for name in _STORAGE_WRITES:
+        _storage_methods[name] = getattr(torch.UntypedStorage, name)
+    for name in _STORAGE_WRITES:
+        setattr(torch.UntypedStorage, name, _storage_write(name))
+
+
+def _unpatch_storage_writes():
+    for name, method in _storage_methods.items():
+        if name in vars(torch.UntypedStorage):
+            delattr(torch.UntypedStorage, name)
+        if getattr(torch.UntypedStorage, name) is not method:
+            setattr(torch.UntypedStorage, name, method)
+    _storage_methods.clear()
+
+
 class Recorder(TorchFunctionMode):
     """See the module docstring. `entries` maps storage keys to Entries
     and is shared with the caller; `protected` holds storage keys of real
@@ -185,11 +237,19 @@ class Recorder(TorchFunctionMode):
         self.track_new = track_new
         self._handled_frames = {}
 
+    def __enter__(self):
+        _patch_storage_writes()
+        _active.append(self)
+        return super().__enter__()
+
     def __exit__(self, *exc):
         # Frames of init functions hold views of model tensors; views keep
         # their base's TensorImpl referenced, which would stop loaders from
         # swapping the real tensor into the Parameter later.
         self._handled_frames.clear()
+        _active.remove(self)
+        if not _active:
+            _unpatch_storage_writes()
         return super().__exit__(*exc)
 
     # -- lookups ---------------------------------------------------------------
