@@ -442,6 +442,47 @@ def test_a_storage_write_of_a_real_tensor_is_left_alone_while_describing():
     assert torch.equal(m[0].weight, before)
 
 
+_aten = torch.ops.aten
+_OVERLOAD_FORMS = {
+    "fill_": (lambda w: _aten.fill_.Scalar(w, 0.5), lambda w: w.fill_(0.5)),
+    "zero_": (lambda w: _aten.zero_.default(w), lambda w: w.zero_()),
+    "uniform_": (lambda w: _aten.uniform_.default(w, -0.1, 0.1), lambda w: w.uniform_(-0.1, 0.1)),
+    "normal_, mul_": (lambda w: _aten.mul_.Scalar(_aten.normal_.default(w, 0.0, 0.02), 2.0),
+                      lambda w: w.normal_(0.0, 0.02).mul_(2.0)),
+    "copy_": (lambda w: _aten.copy_.default(w, torch.arange(16.0).view(4, 4)),
+              lambda w: w.copy_(torch.arange(16.0).view(4, 4))),
+    "slice fill_": (lambda w: _aten.fill_.Scalar(w[1:3], 7.0), lambda w: w[1:3].fill_(7.0)),
+    "computed": (lambda w: w.copy_(_aten.mul.Tensor(_aten.arange.default(16, device="meta"), 3)
+                                   .view(4, 4)),
+                 lambda w: w.copy_((torch.arange(16, device="meta") * 3).view(4, 4))),
+}
+
+
+@pytest.mark.parametrize("form", sorted(_OVERLOAD_FORMS))
+def test_an_op_overload_writes_as_its_method_form_does(form):
+    """`torch.ops.aten.fill_.Scalar(w, v)` reaches the recorder as an op
+    overload named "fill_.Scalar": it must be read as fill_, not passed
+    through as a call that writes nothing (on the meta device it does
+    nothing, and the tensor kept its earlier init)."""
+    specs = []
+    for write in _OVERLOAD_FORMS[form]:
+        class Written(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+
+            def init_weights(self):
+                with torch.no_grad():
+                    write(self.lin.weight)
+
+        with mz.meta_device():
+            m = Written()
+        spec = mz.describe(m)
+        specs.append({t.name: str(t) for t in spec.roots})
+    assert specs[0] == specs[1]
+    assert "kaiming" not in specs[0]["lin.weight"] or form == "slice fill_", specs[0]
+
+
 def test_an_override_that_matches_nothing_is_an_error():
     with torch.device("meta"):
         m = TiedLM()

@@ -155,6 +155,11 @@ def storage_key(t):
 
 
 def _name(func):
+    # An op overload (`torch.ops.aten.fill_.Scalar`) is named "fill_.Scalar";
+    # its packet's name ("fill_") is the op's, as the method form's is.
+    packet = getattr(func, "overloadpacket", None)
+    if packet is not None:
+        func = packet
     name = getattr(func, "__name__", None) or str(func)
     if name in ("__get__", "__set__"):
         owner = getattr(func, "__self__", None)
