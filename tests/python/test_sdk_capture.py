@@ -483,6 +483,30 @@ def test_an_op_overload_writes_as_its_method_form_does(form):
     assert "kaiming" not in specs[0]["lin.weight"] or form == "slice fill_", specs[0]
 
 
+@pytest.mark.parametrize("replace", ["assign", "swap_tensors"])
+def test_init_code_that_replaces_a_tensor_is_an_error(replace):
+    """Assigning a new Parameter, or torch.utils.swap_tensors (same object,
+    other contents), leaves the module holding a tensor the recorder never
+    wrote: the spec would carry the old tensor's init."""
+    class Replaced(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def init_weights(self):
+            new = nn.Parameter(torch.full((4, 4), 0.5))
+            if replace == "assign":
+                self.lin.weight = new
+            else:
+                torch.utils.swap_tensors(self.lin.weight, new)
+
+    with mz.meta_device():
+        m = Replaced()
+    with pytest.raises(mz.CaptureError, match=r"replaced tensors of the model instead of "
+                                              r"writing into them: lin\.weight$"):
+        mz.describe(m)
+
+
 def test_an_override_that_matches_nothing_is_an_error():
     with torch.device("meta"):
         m = TiedLM()

@@ -222,6 +222,9 @@ def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
             entries[g.key] = entry
         by_key[g.key] = entry
     before = {s.name: s.get() for g in groups for s in g.slots}
+    # torch.utils.swap_tensors keeps the object and swaps what it holds:
+    # a replacement too, which identity alone does not show.
+    held_before = {n: _held(t) for n, t in before.items()}
     rec = Recorder(entries, protected=protected, proxies=proxies, limit=limit)
     with torch.no_grad(), _stood_in(real, stand_ins) as replaced:
         if reset_parameters:
@@ -237,13 +240,23 @@ def describe(model, *, seed=0, rng="portable", init=None, overrides=None,
                     raise CaptureError(f"{hook.name} raised {type(e).__name__} while "
                                        f"recording on the meta model: {e}") from e
     after = {s.name: s.get() for g in groups for s in g.slots}
-    changed = [n for n in before if after.get(n) is not before[n]] + replaced
+    changed = [n for n in before if after.get(n) is not before[n]
+               or _held(after.get(n)) != held_before[n]] + replaced
     if changed:
         raise CaptureError("the init code replaced tensors of the model instead of "
                            "writing into them: " + ", ".join(changed[:10]))
     _apply_overrides(overrides or {}, meta, by_key)
     return _spec(model, groups, by_key, {g.key for g in real}, seed, rng,
                  max_literal_bytes, max_total_literal_bytes)
+
+
+def _held(t):
+    """The storage a model tensor holds (its local tensor's, for a
+    DTensor), or None."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    local = getattr(t, "_local_tensor", None)
+    return storage_key(local if isinstance(local, torch.Tensor) else t)
 
 
 @contextlib.contextmanager
