@@ -172,18 +172,18 @@ absl::StatusOr<uint32_t> Engine::CloseExportsOf(
   for (int i = 0; i < ids.size(); ++i) {
     absl::StatusOr<std::string> owner = HandleOfExport(ids[i]);
     if (!owner.ok() || *owner != request.handle()) {
-      // The handle is not named: this is checked before anyone's handle
-      // is looked up, and says nothing about it.
+      // Neither the id nor the handle is quoted: this is checked before
+      // anyone's handle is looked up, and an id names its handle, so the
+      // answer to another client's handle must not repeat it.
       return absl::InvalidArgumentError(absl::StrCat(
-          "close_exports[", i, "]: ", Quote(ids[i]),
-          " is not an export of the handle being released (an export id "
+          "close_exports[", i,
+          "]: not an export of the handle being released (an export id "
           "ends with its handle's id)"));
     }
     for (int j = 0; j < i; ++j) {
       if (ids[j] == ids[i]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("close_exports[", i, "]: ", Quote(ids[i]),
-                         " is named twice (also close_exports[", j, "])"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "close_exports[", i, "]: the same id as close_exports[", j, "]"));
       }
     }
   }

@@ -262,7 +262,7 @@ def test_bad_open_export_and_close_exports(server):
     try:
         for ids, words in (([b.opened_export.export_id], ("close_exports[0]", "not an export")),
                            (["x-nonsense"], ("close_exports[0]",)),
-                           ([a.opened_export.export_id] * 2, ("close_exports[1]", "twice")),
+                           ([a.opened_export.export_id] * 2, ("close_exports[1]", "the same id as close_exports[0]")),
                            ([a.opened_export.export_id] + ["x"] * 64, ("close_exports", "64"))):
             with pytest.raises(grpc.RpcError) as e:
                 release(server, a.handle, force=True, close_exports=ids)
@@ -271,6 +271,13 @@ def test_bad_open_export_and_close_exports(server):
             # Nothing changed: both handles and both exports are still there.
             assert server.describe(a.handle, client=CLIENT).exports == 1
             assert server.describe(b.handle, client=CLIENT).exports == 1
+        # Refused before the handle is looked up, so the same answer comes
+        # to anyone; it must not repeat the handle's id (export ids carry it).
+        for ids in (["x-" + a.handle] * 2, ["x-" + b.handle]):
+            with pytest.raises(grpc.RpcError) as e:
+                release(server, a.handle, client="someone-else", close_exports=ids)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert a.handle not in e.value.details() and b.handle not in e.value.details()
         # Another client cannot close this client's export through its own
         # Release: the handle is not theirs.
         with pytest.raises(grpc.RpcError) as e:
