@@ -184,11 +184,13 @@ def _is_dtensor(x):
 # tensor indexing, which the mode sees.)
 _STORAGE_WRITES = ("copy_", "fill_", "__setitem__", "resize_")
 _active = []          # Recorders inside `with`, innermost last
-_storage_methods = {}  # name -> UntypedStorage's own method, while patched
+# While patched: name -> UntypedStorage's own attribute, or None where the
+# method is inherited (restored by deleting the patch).
+_storage_methods = {}
 
 
 def _storage_write(name):
-    original = _storage_methods[name]
+    original = getattr(torch.UntypedStorage, name)
 
     def write(storage, *args, **kwargs):
         key = getattr(storage, "_cdata", None)
@@ -211,17 +213,16 @@ def _patch_storage_writes():
     if _storage_methods:
         return
     for name in _STORAGE_WRITES:
-        _storage_methods[name] = getattr(torch.UntypedStorage, name)
-    for name in _STORAGE_WRITES:
+        _storage_methods[name] = vars(torch.UntypedStorage).get(name)
         setattr(torch.UntypedStorage, name, _storage_write(name))
 
 
 def _unpatch_storage_writes():
-    for name, method in _storage_methods.items():
-        if name in vars(torch.UntypedStorage):
+    for name, own in _storage_methods.items():
+        if own is None:
             delattr(torch.UntypedStorage, name)
-        if getattr(torch.UntypedStorage, name) is not method:
-            setattr(torch.UntypedStorage, name, method)
+        else:
+            setattr(torch.UntypedStorage, name, own)
     _storage_methods.clear()
 
 
