@@ -20,6 +20,7 @@ absl::StatusOr<at::ScalarType> ScalarTypeOf(const std::string& dtype) {
       {"uint8", at::kByte},              {"bool", at::kBool},
       {"float8_e4m3fn", at::kFloat8_e4m3fn},
       {"float8_e5m2", at::kFloat8_e5m2},
+      {"complex64", at::kComplexFloat},
   };
   for (const auto& [name, type] : kTypes) {
     if (dtype == name) return type;

@@ -252,6 +252,9 @@ bool AnyNonFinite(absl::string_view dtype, absl::string_view bytes) {
   if (dtype == "float8_e5m2") {
     return scan(1, [](uint64_t b) { return ((b >> 2) & 0x1f) == 0x1f; });
   }
+  if (dtype == "complex64") {  // two float32 per element
+    return scan(4, [](uint64_t b) { return ((b >> 23) & 0xff) == 0xff; });
+  }
   if (dtype == "float8_e4m3fn") {  // no inf; NaN is S.1111.111
     return scan(1, [](uint64_t b) { return (b & 0x7f) == 0x7f; });
   }

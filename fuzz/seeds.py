@@ -197,6 +197,16 @@ def request_regressions():
                                     openExport={}))
     add("open-export-handle", dict(model(tensor("w", [2], {"zeros": {}})),
                                    exportable=True, openExport={"handle": long}))
+    # complex64: the deterministic inits it takes, random and computed ones
+    # it refuses, values with a NaN imaginary part.
+    for scheme in ({"constant": {"val": -2.5}}, {"ones": {}}, {"normal": {}},
+                   {"arange": {}}, {"ropeInvFreq": {}}, {"eye": {}}):
+        add(f"complex64-{next(iter(scheme))}",
+            model(tensor("c", [4, 4], scheme, dtype="complex64")))
+    nan_imag = struct.pack("<8f", 1, 0, 0.5, float("nan"), 0, 0, 1, 1)
+    add("complex64-values-nan-imaginary",
+        model(tensor("c", [4], {"values": {"data": base64.b64encode(nan_imag).decode()}},
+                     dtype="complex64")))
     return out
 
 
@@ -344,7 +354,8 @@ def glob_corpus():
 # -- weight_file_fuzzer: the handle description MakeHandle reads --------------
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int16",
-          "int32", "int64", "uint8", "bool", "float8_e4m3fn", "float8_e5m2"]
+          "int32", "int64", "uint8", "bool", "float8_e4m3fn", "float8_e5m2",
+          "complex64"]
 
 
 def encode_handle(tensors, metadata=(), tail=b""):

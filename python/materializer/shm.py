@@ -179,6 +179,7 @@ _DTYPES = {
     "bool": torch.bool,
     "float8_e4m3fn": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,
+    "complex64": torch.complex64,
 }
 
 

@@ -27,9 +27,9 @@ struct Entry {
   uint64_t end = 0;
 };
 
-// spec::DType values run from kFloat32 to kFloat8E5M2 (the last one).
+// spec::DType values run from kFloat32 to spec::kLastDType.
 std::optional<DType> DTypeOfSafetensorsName(absl::string_view name) {
-  for (int i = 0; i <= static_cast<int>(DType::kFloat8E5M2); ++i) {
+  for (int i = 0; i <= static_cast<int>(spec::kLastDType); ++i) {
     const spec::DTypeInfo& info = spec::Info(static_cast<DType>(i));
     if (name == info.safetensors_name) return info.dtype;
   }
@@ -38,7 +38,7 @@ std::optional<DType> DTypeOfSafetensorsName(absl::string_view name) {
 
 std::string HeldSafetensorsNames() {
   std::vector<const char*> names;
-  for (int i = 0; i <= static_cast<int>(DType::kFloat8E5M2); ++i) {
+  for (int i = 0; i <= static_cast<int>(spec::kLastDType); ++i) {
     names.push_back(spec::Info(static_cast<DType>(i)).safetensors_name);
   }
   return absl::StrJoin(names, ", ");

@@ -38,6 +38,7 @@ std::optional<DType> DTypeOfStorageClass(absl::string_view name) {
       {"torch.LongStorage", DType::kInt64},
       {"torch.ByteStorage", DType::kUInt8},
       {"torch.BoolStorage", DType::kBool},
+      {"torch.ComplexFloatStorage", DType::kComplex64},
   };
   for (const auto& [class_name, dtype] : kClasses) {
     if (name == class_name) return dtype;

@@ -244,7 +244,7 @@ TEST(TorchArchiveTest, RefusesWhatItCannotServeNamingFileAndTensor) {
   const std::string one = StateDictPickle({{"w", Floats({2}, {1}, 2)}});
   const std::string floats(8, 'f');
   TestTensor complex = Floats({2}, {1}, 2);
-  complex.storage_class = "ComplexFloatStorage";
+  complex.storage_class = "ComplexDoubleStorage";  // complex128
   TestTensor u16 = Floats({2}, {1}, 4);
   u16.v3_dtype = "uint16";
   std::string compressed = TestZip(
@@ -276,7 +276,7 @@ TEST(TorchArchiveTest, RefusesWhatItCannotServeNamingFileAndTensor) {
                {{"0", floats}}),
        "a negative size"},
       {Archive(StateDictPickle({{"c", complex}}), {{"0", floats}}),
-       "tensor \"c\": storage class \"torch.ComplexFloatStorage\" is of a "
+       "tensor \"c\": storage class \"torch.ComplexDoubleStorage\" is of a "
        "dtype the service does not hold"},
       {Archive(StateDictPickle({{"u", u16}}), {{"0", std::string(4, 'u')}}),
        "tensor \"u\": dtype \"torch.uint16\" is one the service does not "

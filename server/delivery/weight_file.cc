@@ -101,6 +101,7 @@ const char* TorchStorageClass(spec::DType dtype) {
     case spec::DType::kInt64: return "LongStorage";
     case spec::DType::kUInt8: return "ByteStorage";
     case spec::DType::kBool: return "BoolStorage";
+    case spec::DType::kComplex64: return "ComplexFloatStorage";
     case spec::DType::kFloat8E4M3FN:
     case spec::DType::kFloat8E5M2: return nullptr;
   }

@@ -515,6 +515,25 @@ absl::Status CheckSchemeParameters(const v1::InitScheme& scheme) {
 absl::Status CheckSchemeForTensor(const v1::InitScheme& scheme,
                                   const spec::TensorDesc& tensor) {
   const spec::DTypeInfo& info = spec::Info(tensor.dtype);
+  if (info.is_complex) {
+    // A complex tensor holds values computed by the trainer's code (a
+    // rotary table) or zeros; torch draws complex numbers in its own way
+    // (real and imaginary parts each with std / sqrt(2)), which no scheme
+    // here reproduces.
+    switch (scheme.scheme_case()) {
+      case v1::InitScheme::kZeros:
+      case v1::InitScheme::kOnes:
+      case v1::InitScheme::kEmpty:
+      case v1::InitScheme::kConstant:
+        return absl::OkStatus();
+      case v1::InitScheme::kValues:
+        return CheckValues(scheme.values(), tensor);
+      default:
+        return Invalid(absl::StrCat(
+            DescribeScheme(scheme), " is not defined for ", info.name,
+            " tensors; they take zeros, ones, constant, empty and values"));
+    }
+  }
   const bool floating_only =
       IsRandom(scheme) ||
       scheme.scheme_case() == v1::InitScheme::kRopeInvFreq ||

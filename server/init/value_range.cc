@@ -71,11 +71,13 @@ void IntRange(DType dtype, double* lo, double* hi) {
 // overflow").
 absl::Status Representable(absl::string_view field, double value, DType dtype) {
   const spec::DTypeInfo& info = spec::Info(dtype);
-  if (info.is_floating_point) {
-    if (std::fabs(value) > MaxFinite(dtype)) {
+  if (info.is_floating_point || info.is_complex) {
+    // complex64: the value is the real part, a float32.
+    const DType part = info.is_complex ? DType::kFloat32 : dtype;
+    if (std::fabs(value) > MaxFinite(part)) {
       return Invalid(absl::StrCat(
           field, " is ", ShortNumber(value), ", which overflows ", info.name,
-          " (largest finite value ", ShortNumber(MaxFinite(dtype)), ")"));
+          " (largest finite value ", ShortNumber(MaxFinite(part)), ")"));
     }
     return absl::OkStatus();
   }

@@ -38,6 +38,9 @@ bool IsNaN(DType dtype, const char* data, uint64_t i) {
       return (Load<uint8_t>(data, i) & 0x7fu) == 0x7fu;
     case DType::kFloat8E5M2:
       return (Load<uint8_t>(data, i) & 0x7fu) > 0x7cu;
+    case DType::kComplex64:  // either float32 of the pair
+      return (Load<uint32_t>(data, 2 * i) & 0x7fffffffu) > 0x7f800000u ||
+             (Load<uint32_t>(data, 2 * i + 1) & 0x7fffffffu) > 0x7f800000u;
     default:
       return false;
   }
@@ -71,7 +74,7 @@ absl::Status CheckValues(const v1::Values& values,
     }
     return absl::OkStatus();
   }
-  if (info.is_floating_point) {
+  if (info.is_floating_point || info.is_complex) {
     for (uint64_t i = 0; i < numel; ++i) {
       if (IsNaN(target.dtype, data.data(), i)) {
         return absl::InvalidArgumentError(

@@ -22,12 +22,17 @@ constexpr DTypeInfo kInfos[] = {
     {DType::kBool, "bool", 1, "BOOL", false},
     {DType::kFloat8E4M3FN, "float8_e4m3fn", 1, "F8_E4M3", true},
     {DType::kFloat8E5M2, "float8_e5m2", 1, "F8_E5M2", true},
+    {DType::kComplex64, "complex64", 8, "C64", false, true},
 };
+static_assert(sizeof(kInfos) / sizeof(kInfos[0]) ==
+                  static_cast<size_t>(kLastDType) + 1,
+              "one DTypeInfo per DType, in order");
 
 constexpr std::pair<const char*, DType> kAliases[] = {
     {"float", DType::kFloat32}, {"double", DType::kFloat64},
     {"half", DType::kFloat16},  {"short", DType::kInt16},
     {"int", DType::kInt32},     {"long", DType::kInt64},
+    {"cfloat", DType::kComplex64},
 };
 
 }  // namespace

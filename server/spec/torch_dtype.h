@@ -34,6 +34,8 @@ inline c10::ScalarType ToScalarType(DType dtype) {
       return c10::ScalarType::Float8_e4m3fn;
     case DType::kFloat8E5M2:
       return c10::ScalarType::Float8_e5m2;
+    case DType::kComplex64:
+      return c10::ScalarType::ComplexFloat;
   }
   return c10::ScalarType::Undefined;
 }

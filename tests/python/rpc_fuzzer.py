@@ -80,7 +80,7 @@ OK_CODES = {grpc.StatusCode.OK}
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int16",
           "int32", "int64", "uint8", "bool", "float8_e4m3fn", "float8_e5m2"]
-BAD_DTYPES = ["", "float", "complex64", "float32 ", "FLOAT32", "torch.float32",
+BAD_DTYPES = ["", "float", "complex128", "float32 ", "FLOAT32", "torch.float32",
               "int4", "q" * 300]
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2,
             "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1,

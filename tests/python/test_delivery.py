@@ -23,7 +23,8 @@ CLIENT = "delivery-test"
 SAFETENSORS, TORCH, RAW = 1, 2, 3
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int16",
-          "int32", "int64", "uint8", "bool", "float8_e4m3fn", "float8_e5m2"]
+          "int32", "int64", "uint8", "bool", "float8_e4m3fn", "float8_e5m2",
+          "complex64"]
 
 
 def every_dtype_model():
@@ -43,6 +44,7 @@ def every_dtype_model():
     ]
     rules = [
         {"pattern": "t.bool", "init": {"ones": {}}},
+        {"pattern": "t.complex64", "init": {"constant": {"val": -1.5}}},
         {"pattern": "t.int*", "init": {"arange": {"start": -7}}},
         {"pattern": "t.uint8", "init": {"arange": {}}},
         {"pattern": "rope.*", "init": {"ropeInvFreq": {}}},

@@ -607,17 +607,19 @@ def test_split_keeps_order_ties_and_modules_with_their_tensors():
         spec.split(0)
 
 
-def test_a_complex_tensor_is_refused_naming_its_dtype():
-    """The service holds no complex dtype (Llama 4's vision freqs_ci): the
-    error says that, not what the recorder could not follow."""
+def test_a_complex128_tensor_is_refused_naming_its_dtype():
+    """The service holds complex64 (Llama 4's vision freqs_ci,
+    test_complex.py), not complex128: the error says that, not what the
+    recorder could not follow."""
     class C(nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = nn.Linear(2, 2)
-            self.register_buffer("freqs", torch.polar(torch.ones(3), torch.arange(3.0)),
+            self.register_buffer("freqs", torch.polar(torch.ones(3, dtype=torch.float64),
+                                                      torch.arange(3.0, dtype=torch.float64)),
                                  persistent=False)
 
     with mz.meta_device():
         model = C()
-    with pytest.raises(mz.CaptureError, match=r"freqs \(C\): its dtype torch\.complex64 is not one"):
+    with pytest.raises(mz.CaptureError, match=r"freqs \(C\): its dtype torch\.complex128 is not one"):
         mz.describe(model)

@@ -29,7 +29,7 @@ import threading
 import torch
 
 from materializer.capture import legacy, regions, schemes
-from materializer.capture.program import Entry, Step
+from materializer.capture.program import Entry, Step, Unknown
 from materializer.capture.recorder import Recorder, storage_key
 from materializer.capture.spec import DTYPE_NAMES, Spec, TensorDesc, dtype_name
 from materializer.capture.walk import post_order, slots_in_order, walk
@@ -147,9 +147,28 @@ def _seed_entry(group, local_meta):
         entry.steps = list(made.steps)
     elif base.numel() == local_meta.numel() and base.storage_offset() == local_meta.storage_offset():
         entry.steps = [Step(s.scheme, None, s.reason) for s in made.steps if s.region is None][-1:]
+    elif base.dtype != local_meta.dtype and _same_bytes(base, local_meta):
+        # The same bytes read as another dtype (torch.view_as_complex of a
+        # stacked (cos, sin) table, Tensor.view(dtype)): its values are
+        # those bytes, when the constructor's are known here.
+        try:
+            values = made.evaluate(None, COMPUTE_LIMIT)
+        except Unknown as why:
+            entry.unknown(None, f"a view as {local_meta.dtype} of values not known "
+                                f"here ({why})")
+        else:
+            data = values.contiguous().view(-1).view(torch.uint8).view(local_meta.dtype)
+            entry.steps = [Step(schemes.recognize(data) or schemes.values(
+                data.reshape(local_meta.shape).clone()), None)]
     # Copies: recording may note origins on steps; the registry's stay as made.
     entry.steps = [Step(s.scheme, s.region, s.reason) for s in entry.steps]
     return entry
+
+
+def _same_bytes(a, b):
+    """Whether `a` and `b` cover the same bytes of their storage."""
+    return (a.numel() * a.element_size() == b.numel() * b.element_size()
+            and a.storage_offset() * a.element_size() == b.storage_offset() * b.element_size())
 
 
 # -- describe ----------------------------------------------------------------------
@@ -418,6 +437,10 @@ def _resolve_norms(groups, by_key, problems):
                 "norm_of", {"tensor": source.root, "dim": step.scheme.params["dim"]}), step.region)
 
 
+# What a complex tensor may hold (the server refuses the rest).
+_COMPLEX_SCHEMES = ("zeros", "ones", "constant", "empty", "values")
+
+
 def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
     problems = []
     tensors = []
@@ -435,9 +458,19 @@ def _spec(model, groups, by_key, real, seed, rng, max_literal, max_total):
         if g.tensor.dtype not in DTYPE_NAMES:
             # Whatever the init code did, the service cannot hold it.
             problems.append(f"{where}: its dtype {g.tensor.dtype} is not one the "
-                            "service holds (floating, integer and bool dtypes; no "
-                            "complex); give the model that tensor after materialize()")
+                            "service holds (floating, integer and bool dtypes, and "
+                            "complex64); give the model that tensor after materialize()")
             continue
+        if g.tensor.dtype.is_complex:
+            drawn = [s.scheme.kind for s in steps
+                     if s.known and s.scheme.kind not in _COMPLEX_SCHEMES]
+            if drawn:
+                # torch draws a complex number's two parts with std / sqrt(2)
+                # each; the service keeps complex tensors to values.
+                problems.append(f"{where}: {drawn[0]} on a {g.tensor.dtype} tensor; complex "
+                                "tensors take only values computed here (a rotary "
+                                "table), zeros, ones or a constant")
+                continue
         if math.prod(entry.shape) == 0:
             # No element, so nothing to initialize (or to leave unwritten).
             entry.steps = steps = [Step(schemes.empty(), None)]

@@ -291,6 +291,12 @@ def recognize(data):
     if n == 0:
         return Scheme("zeros")
     first = flat[0]
+    if data.is_complex():
+        # Zeros or nothing: a complex tensor takes no computed scheme (and
+        # ones or a constant would need a zero imaginary part).
+        pairs = torch.view_as_real(flat)
+        bits = pairs.view({4: torch.int32, 8: torch.int64}[pairs.element_size()])
+        return Scheme("zeros") if not bool(bits.any()) else None
     if data.dtype == torch.bool:
         if bool((flat == first).all()):
             return Scheme("ones") if bool(first) else Scheme("zeros")

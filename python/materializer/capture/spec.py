@@ -22,6 +22,7 @@ DTYPES = {
     "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
     "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool,
     "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+    "complex64": torch.complex64,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 RNG = {"portable": pb.RNG_MODE_PORTABLE, "torch": pb.RNG_MODE_TORCH}
