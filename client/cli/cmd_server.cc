@@ -112,6 +112,11 @@ void PrintStats(std::ostream& out, const v1::GetStatsResponse& stats,
       << " reserved, " << FormatBytes(stats.in_use_bytes()) << " in use, "
       << stats.handles() << (stats.handles() == 1 ? " handle" : " handles")
       << "\n";
+  if (stats.handed_over_bytes() > 0) {
+    out << "handed over: " << FormatBytes(stats.handed_over_bytes())
+        << " of released handles still mapped by the processes that loaded "
+           "them (counted against capacity and quotas until they let go)\n";
+  }
   // The server's own memory, charged to no client.
   if (stats.has_checkpoint_cache()) {
     const v1::CheckpointCacheStats& cache = stats.checkpoint_cache();

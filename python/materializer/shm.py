@@ -27,12 +27,22 @@ Lifetime: the mapping stays valid after the server releases the handle (the
 file is unlinked then, and its memory goes when the last mapping goes).
 close() drops this object's references; the pages are unmapped once no
 tensor from it is left alive.
+
+While the mapping lives, this process holds each file open with a shared
+flock (closed with the mapping; a forked child shares it, as it shares
+the mapping). The pages are charged to the server's memory, whoever maps
+them, so the server keeps counting a released handle's bytes (GetStats
+`handed_over_bytes`, against its capacity and the client's quota) until
+no process holds the lock: a server that forgot them would admit new
+handles into memory its cgroup no longer has.
 """
 
 import collections
+import fcntl
 import mmap
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -222,6 +232,9 @@ class SharedMemoryImport:
                 if os.fstat(fd).st_size < seg_bytes:
                     raise ValueError(f"{seg_path} is smaller than the export's "
                                      f"{seg_bytes} bytes there")
+                # Taken before the mapping, so the server sees it at any
+                # release that comes after this call.
+                fcntl.flock(fd, fcntl.LOCK_SH)
             if size == 0:
                 self._map = None
             elif len(segments) > 1:
@@ -242,9 +255,13 @@ class SharedMemoryImport:
             else:
                 self._map = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED,
                                       prot=mmap.PROT_READ)
+            if self._map is not None:
+                # The descriptors (and their locks) live as long as the
+                # mapping: torch.frombuffer keeps the map object alive.
+                weakref.finalize(self._map, _close_all, list(fds))
+                fds = []
         finally:
-            for fd in fds:
-                os.close(fd)  # the mappings keep the pages
+            _close_all(fds)
         self.segments = segments
         self.path = path
         self.export_id = export.export_id
@@ -293,6 +310,14 @@ class SharedMemoryImport:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _close_all(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def map_export(export, writable=False):

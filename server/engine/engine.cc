@@ -746,6 +746,7 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
     out->set_in_use_bytes(device.usage.in_use_bytes);
     out->set_peak_bytes(device.usage.peak_bytes);
     out->set_handles(device.usage.handles);
+    out->set_handed_over_bytes(device.usage.handed_over_bytes);
     if (options_.gpu != nullptr && options_.gpu->Covers(device.device)) {
       // A driver that cannot answer leaves `driver` unset, as on a CPU.
       absl::StatusOr<memory::DriverReport> report =
@@ -767,6 +768,7 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
     out->set_in_use_bytes(usage.total.in_use_bytes);
     out->set_peak_bytes(usage.total.peak_bytes);
     out->set_handles(usage.total.handles);
+    out->set_handed_over_bytes(usage.total.handed_over_bytes);
     out->set_quota_total_bytes(limit(quota.total_bytes));
     out->set_quota_handles(
         quota.handles == memory::kNoHandleLimit ? 0 : quota.handles);
@@ -778,6 +780,7 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
       d->set_in_use_bytes(on_device.in_use_bytes);
       d->set_peak_bytes(on_device.peak_bytes);
       d->set_handles(on_device.handles);
+      d->set_handed_over_bytes(on_device.handed_over_bytes);
       d->set_quota_bytes(limit(quota.BytesOn(snapshot.devices[i].device.name)));
     }
     if (options_.sessions != nullptr) {
@@ -788,6 +791,7 @@ v1::GetStatsResponse Engine::GetStats(const Caller& caller) const {
   response.set_reserved_bytes(snapshot.total.reserved_bytes);
   response.set_in_use_bytes(snapshot.total.in_use_bytes);
   response.set_handles(snapshot.total.handles);
+  response.set_handed_over_bytes(snapshot.total.handed_over_bytes);
   if (options_.checkpoint_cache != nullptr) {
     const load::RangeCache::Stats cache = options_.checkpoint_cache->stats();
     v1::CheckpointCacheStats* out = response.mutable_checkpoint_cache();

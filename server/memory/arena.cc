@@ -2,15 +2,17 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -384,6 +386,19 @@ Arena::~Arena() {
   // The views and the storage go first: the mapping (and a CUDA
   // allocation) is freed before the descriptors and the ledger entry.
   tensors_.reset();
+  // An importer that maps the files holds a shared flock on them for as
+  // long as its mapping lives (the Python SDK does): the pages outlive the
+  // handle, still charged to this process's memory cgroup, so they stay in
+  // the ledger as handed over until it lets go (DevicePool::HandOver).
+  // Converting our own shared lock to an exclusive one fails while anyone
+  // else holds one.
+  const bool imported = std::any_of(
+      shm_fds_.begin(), shm_fds_.end(),
+      [](int fd) { return flock(fd, LOCK_EX | LOCK_NB) != 0; });
+  if (imported) {
+    std::move(allocation_).HandOver(std::exchange(shm_fds_, {}));
+    return;
+  }
   for (int fd : shm_fds_) close(fd);
 }
 

@@ -1,5 +1,8 @@
 #include "server/memory/pool.h"
 
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/container/flat_hash_set.h"
@@ -14,8 +17,14 @@ namespace materializer::memory {
 namespace {
 
 void UpdatePeak(Usage& usage) {
-  usage.peak_bytes =
-      std::max(usage.peak_bytes, usage.reserved_bytes + usage.in_use_bytes);
+  usage.peak_bytes = std::max(usage.peak_bytes, HeldBytes(usage));
+}
+
+// Whether another open file holds a flock on `fd`'s file: an exclusive
+// lock of our own is refused while any importer holds its shared one. (On
+// success we keep the exclusive lock; the descriptor is about to close.)
+bool LockedElsewhere(int fd) {
+  return flock(fd, LOCK_EX | LOCK_NB) != 0;
 }
 
 std::string Figure(uint64_t bytes) {
@@ -39,6 +48,15 @@ Allocation& Allocation::operator=(Allocation&& other) noexcept {
 
 Allocation::~Allocation() {
   if (pool_ != nullptr) pool_->Free(client_, device_, bytes_);
+}
+
+void Allocation::HandOver(std::vector<int> fds) && {
+  if (pool_ == nullptr) {
+    for (int fd : fds) close(fd);
+    return;
+  }
+  std::exchange(pool_, nullptr)->HandOver(client_, device_, bytes_,
+                                          std::move(fds));
 }
 
 // --- Reservation ------------------------------------------------------------
@@ -126,8 +144,7 @@ uint64_t DevicePool::DriverRoomLocked(int index,
 }
 
 uint64_t DevicePool::FreeBytesLocked(int index) const {
-  const Usage& usage = device_usage_[index];
-  const uint64_t used = usage.reserved_bytes + usage.in_use_bytes;
+  const uint64_t used = HeldBytes(device_usage_[index]);
   const uint64_t capacity = devices_[index].capacity_bytes;
   return used >= capacity ? 0 : capacity - used;
 }
@@ -147,7 +164,7 @@ uint64_t DevicePool::AvailableLocked(absl::string_view client, int index,
     total = it->second.total;
   }
   auto left = [](uint64_t limit, const Usage& usage) {
-    const uint64_t used = usage.reserved_bytes + usage.in_use_bytes;
+    const uint64_t used = HeldBytes(usage);
     return used >= limit ? 0 : limit - used;
   };
   return std::min({FreeBytesLocked(index), DriverRoomLocked(index, driver),
@@ -178,9 +195,14 @@ std::string DevicePool::ShortfallLocked(absl::string_view client, int index,
   }
   const uint64_t free_bytes = FreeBytesLocked(index);
   if (free_bytes < bytes) {
-    return absl::StrCat("the model needs ", Figure(bytes), " but only ",
-                        Figure(free_bytes), " of ", device.name, "'s ",
-                        Figure(device.capacity_bytes), " is free");
+    const uint64_t handed = device_usage_[index].handed_over_bytes;
+    return absl::StrCat(
+        "the model needs ", Figure(bytes), " but only ", Figure(free_bytes),
+        " of ", device.name, "'s ", Figure(device.capacity_bytes), " is free",
+        handed > 0 ? absl::StrCat(" (", Figure(handed),
+                                  " of released handles are still mapped by "
+                                  "the processes they were handed over to)")
+                   : "");
   }
   if (const uint64_t room = DriverRoomLocked(index, driver); room < bytes) {
     const uint64_t pending = device_usage_[index].reserved_bytes;
@@ -195,20 +217,25 @@ std::string DevicePool::ShortfallLocked(absl::string_view client, int index,
         "by other processes (GetStats lists them to admins)");
   }
   const uint64_t device_quota = quota.BytesOn(device.name);
-  const uint64_t on_device_used =
-      on_device.reserved_bytes + on_device.in_use_bytes;
+  const uint64_t on_device_used = HeldBytes(on_device);
   if (device_quota != kNoByteLimit && on_device_used + bytes > device_quota) {
     return absl::StrCat("the model needs ", Figure(bytes), " but client \"",
                         client, "\" already holds ", Figure(on_device_used),
                         " of its ", Figure(device_quota), " quota on ",
                         device.name);
   }
-  const uint64_t total_used = total.reserved_bytes + total.in_use_bytes;
+  const uint64_t total_used = HeldBytes(total);
   if (quota.total_bytes != kNoByteLimit &&
       total_used + bytes > quota.total_bytes) {
-    return absl::StrCat("the model needs ", Figure(bytes), " but client \"",
-                        client, "\" already holds ", Figure(total_used),
-                        " of its ", Figure(quota.total_bytes), " total quota");
+    return absl::StrCat(
+        "the model needs ", Figure(bytes), " but client \"", client,
+        "\" already holds ", Figure(total_used), " of its ",
+        Figure(quota.total_bytes), " total quota",
+        total.handed_over_bytes > 0
+            ? absl::StrCat(" (", Figure(total.handed_over_bytes),
+                           " of them in released handles its processes "
+                           "still map)")
+            : "");
   }
   return "";
 }
@@ -296,6 +323,7 @@ Reservation DevicePool::ReserveLocked(absl::string_view client, int device,
 absl::StatusOr<Reservation> DevicePool::Reserve(absl::string_view client,
                                                 absl::string_view placement,
                                                 uint64_t bytes) {
+  if (handed_count_.load() > 0) SweepHandedOver();
   const DriverFree driver = SampleDriver();
   absl::MutexLock lock(&mu_);
   absl::StatusOr<int> device = ResolveLocked(client, placement, bytes, driver);
@@ -339,7 +367,7 @@ absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplitLocked(
   uint32_t handles_left = kNoHandleLimit;
   if (auto it = clients_.find(client); it != clients_.end()) {
     const Usage& total = it->second.total;
-    const uint64_t used = total.reserved_bytes + total.in_use_bytes;
+    const uint64_t used = HeldBytes(total);
     if (quota.total_bytes != kNoByteLimit) {
       total_left = used >= quota.total_bytes ? 0 : quota.total_bytes - used;
     }
@@ -422,6 +450,7 @@ absl::StatusOr<DevicePool::SplitPlan> DevicePool::PlanSplit(
 
 absl::StatusOr<DevicePool::SplitReservation> DevicePool::ReserveSplit(
     absl::string_view client, const SplitRequest& request) {
+  if (handed_count_.load() > 0) SweepHandedOver();
   const DriverFree driver = SampleDriver();
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(SplitPlan plan, PlanSplitLocked(client, request, driver));
@@ -460,6 +489,75 @@ void DevicePool::Free(const std::string& client, int device, uint64_t bytes) {
   });
 }
 
+void DevicePool::HandOver(const std::string& client, int device,
+                          uint64_t bytes, std::vector<int> fds) {
+  {
+    absl::MutexLock lock(&mu_);
+    ApplyLocked(client, device, [bytes](Usage& usage) {
+      usage.in_use_bytes -= bytes;
+      usage.handed_over_bytes += bytes;
+      usage.handles -= 1;
+    });
+  }
+  absl::MutexLock lock(&handed_mu_);
+  handed_.push_back({client, device, bytes, std::move(fds)});
+  handed_count_.store(handed_.size());
+  if (watcher_ == nullptr && !stopping_) {
+    watcher_ = std::make_unique<std::thread>([this] { WatchHandedOver(); });
+  }
+}
+
+void DevicePool::SweepHandedOver() {
+  std::vector<HandedOver> done;
+  {
+    absl::MutexLock lock(&handed_mu_);
+    for (size_t i = 0; i < handed_.size();) {
+      const std::vector<int>& fds = handed_[i].fds;
+      if (std::any_of(fds.begin(), fds.end(), LockedElsewhere)) {
+        ++i;
+        continue;
+      }
+      done.push_back(std::move(handed_[i]));
+      handed_[i] = std::move(handed_.back());
+      handed_.pop_back();
+    }
+    handed_count_.store(handed_.size());
+  }
+  for (HandedOver& h : done) {
+    // Closing the last descriptor of an unlinked file frees its pages.
+    for (int fd : h.fds) close(fd);
+    absl::MutexLock lock(&mu_);
+    ApplyLocked(h.client, h.device, [&h](Usage& usage) {
+      usage.handed_over_bytes -= h.bytes;
+    });
+  }
+}
+
+void DevicePool::WatchHandedOver() {
+  while (true) {
+    {
+      absl::MutexLock lock(&handed_mu_);
+      handed_mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                                  kHandOverPollInterval);
+      if (stopping_) return;
+    }
+    SweepHandedOver();
+  }
+}
+
+DevicePool::~DevicePool() {
+  std::unique_ptr<std::thread> watcher;
+  {
+    absl::MutexLock lock(&handed_mu_);
+    stopping_ = true;
+    watcher = std::move(watcher_);
+  }
+  if (watcher != nullptr) watcher->join();
+  for (HandedOver& h : handed_) {
+    for (int fd : h.fds) close(fd);
+  }
+}
+
 PoolSnapshot DevicePool::Snapshot() const {
   absl::ReaderMutexLock lock(&mu_);
   PoolSnapshot snapshot;
@@ -468,8 +566,7 @@ PoolSnapshot DevicePool::Snapshot() const {
   }
   for (const auto& [client, ledger] : clients_) {
     const Usage& usage = ledger.total;
-    if (usage.reserved_bytes == 0 && usage.in_use_bytes == 0 &&
-        usage.handles == 0) {
+    if (HeldBytes(usage) == 0 && usage.handles == 0) {
       continue;
     }
     snapshot.clients.emplace(client, ClientUsage{usage, ledger.per_device});

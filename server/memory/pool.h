@@ -10,11 +10,13 @@
 //   Allocation a = std::move(r).Commit();   // reserved -> in use
 //   // ... the arena holds `a`; dropping it frees the bytes in the ledger.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/memory/device.h"
 #include "server/memory/gpu_driver.h"
 #include "server/memory/quota.h"
@@ -34,11 +37,20 @@ class DevicePool;
 struct Usage {
   uint64_t reserved_bytes = 0;
   uint64_t in_use_bytes = 0;
-  // Highest reserved + in_use seen.
+  // Bytes of released shared-memory arenas that an importer still maps
+  // (the SDK's handover): the pages live on, charged to this server's
+  // memory cgroup, until the last importer lets go (DevicePool::HandOver).
+  uint64_t handed_over_bytes = 0;
+  // Highest reserved + in_use + handed_over seen.
   uint64_t peak_bytes = 0;
   // Live reservations plus allocations (one per handle).
   uint32_t handles = 0;
 };
+
+// What counts against a device's capacity and a client's quota.
+inline uint64_t HeldBytes(const Usage& usage) {
+  return usage.reserved_bytes + usage.in_use_bytes + usage.handed_over_bytes;
+}
 
 struct DeviceUsage {
   DeviceConfig device;
@@ -71,6 +83,12 @@ class Allocation {
   uint64_t bytes() const { return bytes_; }
   int device_index() const { return device_; }
   const std::string& client() const { return client_; }
+
+  // The handle is gone but another process still maps its shared-memory
+  // files (`fds`, each with an importer's shared flock): the bytes move
+  // from in use to handed over, and the pool keeps the descriptors until
+  // no importer holds a lock on any of them (DevicePool::HandOver).
+  void HandOver(std::vector<int> fds) &&;
 
  private:
   friend class Reservation;
@@ -132,8 +150,15 @@ class DevicePool {
 
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
+  ~DevicePool();
 
   const std::vector<DeviceConfig>& devices() const { return devices_; }
+
+  // Checks the handed-over files now (a thread does it every
+  // kHandOverPollInterval): those no importer holds any more are closed
+  // and their bytes leave the ledger. Reserve and ReserveSplit call it
+  // first, so a process that just exited never causes a refusal.
+  void SweepHandedOver();
 
   // Admits `bytes` (one handle) for `client` on the device `placement`
   // names, atomically, within the device's free bytes and the client's
@@ -240,6 +265,9 @@ class DevicePool {
   void CommitReservation(const std::string& client, int device,
                          uint64_t bytes);
   void Free(const std::string& client, int device, uint64_t bytes);
+  void HandOver(const std::string& client, int device, uint64_t bytes,
+                std::vector<int> fds);
+  void WatchHandedOver();
 
   struct ClientLedger {
     std::vector<Usage> per_device;  // indexed like devices_
@@ -262,7 +290,24 @@ class DevicePool {
   std::map<std::string, ClientLedger, std::less<>> clients_
       ABSL_GUARDED_BY(mu_);
   Usage total_ ABSL_GUARDED_BY(mu_);
+
+  // Handed-over arenas, each until no importer holds its files.
+  struct HandedOver {
+    std::string client;
+    int device = -1;
+    uint64_t bytes = 0;
+    std::vector<int> fds;
+  };
+  // Never held together with mu_.
+  absl::Mutex handed_mu_;
+  std::vector<HandedOver> handed_ ABSL_GUARDED_BY(handed_mu_);
+  bool stopping_ ABSL_GUARDED_BY(handed_mu_) = false;
+  std::unique_ptr<std::thread> watcher_ ABSL_GUARDED_BY(handed_mu_);
+  std::atomic<size_t> handed_count_{0};
 };
+
+// How often the pool checks whether importers let go of handed-over files.
+inline constexpr absl::Duration kHandOverPollInterval = absl::Milliseconds(100);
 
 }  // namespace materializer::memory
 

@@ -1,8 +1,15 @@
 #include "server/memory/pool.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "server/memory/fake_gpu_driver.h"
 #include "tests/testing/status_matchers.h"
 
@@ -252,6 +259,97 @@ TEST(DevicePoolSplitTest, TheClientsTotalQuotaHoldsAcrossDevices) {
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr("total quota")));
   ExpectAllZero(*pool);
+}
+
+// A file an "importer" holds with a shared flock, as the SDK holds an
+// export it maps; the pool gets its own descriptor of the same file.
+struct ImportedFile {
+  ImportedFile() {
+    char path[] = "/tmp/pool-handover-XXXXXX";
+    importer_fd = mkstemp(path);
+    name = path;
+    server_fd = open(path, O_RDWR | O_CLOEXEC);
+    flock(importer_fd, LOCK_SH);
+  }
+  ~ImportedFile() {
+    if (importer_fd >= 0) close(importer_fd);
+    unlink(name.c_str());
+  }
+  void LetGo() {
+    close(importer_fd);
+    importer_fd = -1;
+  }
+  std::string name;
+  int importer_fd = -1;
+  int server_fd = -1;
+};
+
+TEST(DevicePoolHandOverTest, BytesStayCountedUntilTheImporterLetsGo) {
+  auto pool = MakePool({1000});
+  ImportedFile file;
+  ASSERT_GE(file.server_fd, 0);
+  {
+    ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("alice", "cpu", 600));
+    std::move(r).Commit().HandOver({file.server_fd});
+  }
+  PoolSnapshot s = pool->Snapshot();
+  EXPECT_EQ(s.devices[0].usage.in_use_bytes, 0u);
+  EXPECT_EQ(s.devices[0].usage.handles, 0u);
+  EXPECT_EQ(s.devices[0].usage.handed_over_bytes, 600u);
+  EXPECT_EQ(s.clients.at("alice").total.handed_over_bytes, 600u);
+  EXPECT_EQ(s.total.handed_over_bytes, 600u);
+  EXPECT_EQ(pool->FreeBytes(0), 400u);
+  // Counted against the capacity, with the reason in the refusal.
+  EXPECT_THAT(pool->Reserve("bob", "cpu", 500).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("of released handles are still mapped")));
+  pool->SweepHandedOver();
+  EXPECT_EQ(pool->Snapshot().total.handed_over_bytes, 600u);
+
+  file.LetGo();
+  // Reserve sweeps before it decides: no wait for the watcher.
+  ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("bob", "cpu", 500));
+  s = pool->Snapshot();
+  EXPECT_EQ(s.total.handed_over_bytes, 0u);
+  EXPECT_EQ(s.clients.count("alice"), 0u);
+  // The pool closed its descriptor.
+  EXPECT_EQ(fcntl(file.server_fd, F_GETFD), -1);
+}
+
+TEST(DevicePoolHandOverTest, TheWatcherFreesThemWithoutAnyCall) {
+  auto pool = MakePool({1000});
+  ImportedFile file;
+  {
+    ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("alice", "cpu", 100));
+    std::move(r).Commit().HandOver({file.server_fd});
+  }
+  file.LetGo();
+  for (int i = 0; i < 100 && pool->Snapshot().total.handed_over_bytes > 0;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ExpectAllZero(*pool);
+  EXPECT_EQ(pool->Snapshot().total.handed_over_bytes, 0u);
+}
+
+TEST(DevicePoolHandOverTest, TheClientsQuotaCountsThem) {
+  auto pool = PoolWithQuotas(R"({"clients": {"alice": {"totalBytes": 500}}})");
+  ImportedFile file;
+  {
+    ASSERT_OK_AND_ASSIGN(Reservation r, pool->Reserve("alice", "cpu:0", 300));
+    std::move(r).Commit().HandOver({file.server_fd});
+  }
+  const PoolSnapshot s = pool->Snapshot();
+  EXPECT_EQ(s.clients.at("alice").per_device[0].handed_over_bytes, 300u);
+  EXPECT_EQ(s.clients.at("alice").total.peak_bytes, 300u);
+  EXPECT_EQ(pool->AvailableTo("alice", 1), 200u);
+  EXPECT_THAT(pool->Reserve("alice", "cpu:1", 300).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("already holds 300 B (300 bytes)"),
+                             HasSubstr("300 B (300 bytes) of them in released "
+                                       "handles its processes still map"))));
+  // Another client is not charged for them (the device has room).
+  ASSERT_OK_AND_ASSIGN(Reservation b, pool->Reserve("bob", "cpu:1", 900));
 }
 
 TEST(DevicePoolTest, DuplicateDeviceNamesAreRejected) {

@@ -447,8 +447,13 @@ std::vector<MetricFamily> Metrics::Impl::CollectState() const {
     auto& in_use = out.Family("materializer_device_in_use_bytes",
                               "Bytes held by arenas", MetricType::Gauge);
     auto& peak = out.Family("materializer_device_peak_bytes",
-                            "Highest reserved + in-use bytes since start",
+                            "Highest reserved + in-use + handed-over bytes since start",
                             MetricType::Gauge);
+    auto& handed_over = out.Family(
+        "materializer_device_handed_over_bytes",
+        "Bytes of released handles still mapped by the processes they were "
+        "handed over to (counted against capacity and quotas)",
+        MetricType::Gauge);
     auto& handles = out.Family("materializer_device_handles",
                                "Handles counted on the device (reservations "
                                "and arenas)",
@@ -461,6 +466,8 @@ std::vector<MetricFamily> Metrics::Impl::CollectState() const {
                     static_cast<double>(d.usage.reserved_bytes));
       Snapshot::Add(in_use, labels, static_cast<double>(d.usage.in_use_bytes));
       Snapshot::Add(peak, labels, static_cast<double>(d.usage.peak_bytes));
+      Snapshot::Add(handed_over, labels,
+                    static_cast<double>(d.usage.handed_over_bytes));
       Snapshot::Add(handles, labels, d.usage.handles);
     }
 

@@ -71,7 +71,8 @@ v1::ServerInfo ServerInfoFromStats(absl::string_view replica,
     v1::DeviceRoom* room = info.add_devices();
     room->set_device(device.device());
     room->set_capacity_bytes(device.capacity_bytes());
-    const uint64_t held = device.reserved_bytes() + device.in_use_bytes();
+    const uint64_t held = device.reserved_bytes() + device.in_use_bytes() +
+                          device.handed_over_bytes();
     // A released handle's bytes still held by a fetch in flight can push
     // held above capacity for a moment.
     room->set_free_bytes(

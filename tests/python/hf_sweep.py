@@ -110,6 +110,7 @@ TEST_CLASSES = (
     "GlmImageTextModel", "GlmImageVQVAE", "GlmModel", "GptOssModel", "GraniteModel",
     "GraniteMoeModel", "GraniteMoeSWAModel", "GraniteSWAModel", "GteModel", "HYV3Model",
     "HYV4VLTextModel", "HeliumModel", "ImageGPTModel", "JambaModel", "LlamaModel",
+    "Llama4ForConditionalGeneration",  # a complex64 buffer (vision freqs_ci)
     "LlavaForConditionalGeneration", "Mamba2Model", "MambaModel", "Qwen2MoeModel",
     "Qwen3NextModel", "SEWDModel", "SwinModel", "T5Model", "ViTModel", "Wav2Vec2Model",
     "WavLMModel", "WhisperModel", "XLNetModel",
