@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -145,19 +146,20 @@ absl::StatusOr<std::shared_ptr<const ExportImport>> ExportImport::Open(
         return absl::DataLossError(absl::StrCat(
             s.path, " is smaller than the export's ", s.bytes, " bytes there"));
       }
+      // The file stays open, with a shared flock, as long as the mapping:
+      // the server counts a released handle's pages as handed over (still
+      // its memory) until no importer holds a lock on them.
+      import->fds_.push_back(fd);
+      ::flock(fd, LOCK_SH);
       if (s.bytes > 0) {
         void* pages = ::mmap(base + s.offset, s.bytes,
                              writable ? PROT_READ | PROT_WRITE : PROT_READ,
                              (writable ? MAP_PRIVATE : MAP_SHARED) | MAP_FIXED,
                              fd, 0);
         if (pages == MAP_FAILED) {
-          const int error = errno;
-          ::close(fd);
-          return absl::ErrnoToStatus(error, absl::StrCat("mapping ", s.path));
+          return absl::ErrnoToStatus(errno, absl::StrCat("mapping ", s.path));
         }
       }
-      // The mapping keeps the pages; the descriptor is not needed.
-      ::close(fd);
     }
   } else if (response.has_cuda()) {
     const CudaRuntime* cuda = Runtime();
@@ -210,12 +212,16 @@ absl::StatusOr<std::shared_ptr<const ExportImport>> ExportImport::Open(
 }
 
 ExportImport::~ExportImport() {
-  if (mapping_ == nullptr) return;
-  if (cuda_device_ >= 0) {
-    if (const CudaRuntime* cuda = Runtime()) cuda->close(mapping_);
-  } else {
-    ::munmap(mapping_, mapping_bytes_);
+  if (mapping_ != nullptr) {
+    if (cuda_device_ >= 0) {
+      if (const CudaRuntime* cuda = Runtime()) cuda->close(mapping_);
+    } else {
+      ::munmap(mapping_, mapping_bytes_);
+    }
   }
+  // After the unmap: closing drops the locks, and with them the server's
+  // count of these pages once the handle is released.
+  for (int fd : fds_) ::close(fd);
 }
 
 }  // namespace materializer::client

@@ -15,7 +15,8 @@
 //
 // Lifetimes (docs/delivery.md): a CPU mapping stays valid until it is
 // unmapped, even after the server releases the handle (the pages go when
-// the last mapping goes). A CUDA mapping is valid while the export is open:
+// the last mapping goes; until then the server counts them as handed over,
+// which the import's shared flock on each file tells it). A CUDA mapping is valid while the export is open:
 // close the import before CloseExport.
 
 #include <cstdint>
@@ -68,6 +69,8 @@ class ExportImport {
   void* base_ = nullptr;
   uint64_t size_ = 0;
   int cuda_device_ = -1;
+  // The shared-memory files, held open with a shared flock while mapped.
+  std::vector<int> fds_;
   std::vector<TensorView> tensors_;
 };
 

@@ -1,6 +1,7 @@
 #include "client/export_import.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -84,6 +85,32 @@ TEST(ExportImportTest, MapsTheFileAndViewsTensorsWithoutCopying) {
   import.reset();
   ::unlink(path.c_str());
   EXPECT_EQ(tensors[1].second.item<int64_t>(), 7);
+}
+
+// Whether some open file other than a fresh one of ours holds a flock on
+// `path`: the server's test for "an importer still maps it".
+bool LockedByAnImporter(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+  ::close(fd);
+  return locked;
+}
+
+TEST(ExportImportTest, TheFilesAreLockedWhileAnyViewMapsThem) {
+  for (const bool writable : {false, true}) {
+    SCOPED_TRACE(writable ? "copy-on-write" : "read-only");
+    const std::string path = WriteArena("locked");
+    EXPECT_FALSE(LockedByAnImporter(path));
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<const ExportImport> import,
+                         ExportImport::Open(Response(path), writable));
+    EXPECT_TRUE(LockedByAnImporter(path));
+    ASSERT_OK_AND_ASSIGN(auto tensors, ViewAsTensors(import));
+    import.reset();
+    EXPECT_TRUE(LockedByAnImporter(path));  // the views still map it
+    tensors.clear();
+    EXPECT_FALSE(LockedByAnImporter(path));
+  }
 }
 
 TEST(ExportImportTest, WritableImportIsCopyOnWrite) {
