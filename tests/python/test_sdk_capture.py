@@ -172,6 +172,59 @@ def test_a_draw_without_a_scheme_is_refused_not_drawn_here():
     assert all(one(spec, n) == ("constant", {"val": 0.0}) for n in "abcd")
 
 
+class DrawsInto(nn.Module):
+    """Random factories writing model tensors through out=."""
+
+    def __init__(self):
+        super().__init__()
+        for name in ("a", "b", "c", "d"):
+            self.register_parameter(name, nn.Parameter(torch.empty(6, 4)))
+
+    def init_weights(self):
+        with torch.no_grad():
+            torch.rand(6, 4, out=self.a)
+            torch.randn((6, 4), out=self.b)
+            torch.normal(0.5, 0.02, (6, 4), out=self.c)
+            nn.init.zeros_(self.d)
+            torch.randn(2, 4, out=self.d[2:4])
+
+
+def test_a_random_factory_with_out_is_its_scheme_not_values_drawn_here():
+    """torch.rand(..., out=w) is the uniform scheme, as torch.rand(...) is:
+    the recorder used to run it here and carry its values, which changed
+    with every describe() and did not follow the seed (torch.normal with
+    out= was refused, so the two disagreed)."""
+    with torch.device("meta"):
+        m = DrawsInto()
+    spec = mz.describe(m, reset_parameters=False)
+    assert one(spec, "a") == ("uniform", {"a": 0.0, "b": 1.0})
+    assert one(spec, "b") == ("normal", {"mean": 0.0, "std": 1.0})
+    assert one(spec, "c") == ("normal", {"mean": 0.5, "std": 0.02})
+    (k0, _, r0), (k1, p1, r1) = steps(spec, "d")
+    assert (k0, r0) == ("zeros", None)
+    assert (k1, p1) == ("normal", {"mean": 0.0, "std": 1.0}) and r1 is not None
+    assert mz.describe(m, reset_parameters=False).to_json() == spec.to_json()
+
+
+class DrawResizes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(6, 4))
+
+    def init_weights(self):
+        with torch.no_grad():
+            torch.rand(3, 8, out=self.w)
+
+
+def test_a_random_factory_with_out_of_another_size_is_refused():
+    with torch.device("meta"):
+        m = DrawResizes()
+    with pytest.raises(mz.CaptureError) as e:
+        mz.describe(m, reset_parameters=False)
+    problems = "\n".join(e.value.problems)
+    assert "w (DrawResizes)" in problems and "torch would resize it" in problems, problems
+
+
 def test_later_call_overrides_and_a_slice_adds_a_step():
     class Emb(nn.Module):
         def __init__(self):

@@ -501,14 +501,17 @@ class Recorder(TorchFunctionMode):
             if storage_key(sub) != storage_key(target):
                 return self._compute_write(name, func, entry, target, args, kwargs)
             return self._copy(sub, args[2], "x[i] = value")
+        draw = _draw_into(name, func, target, args, kwargs)
         try:
             box = self.box_of(target, entry)
         except Unknown as not_box:
-            if name in ("normal_", "uniform_"):
+            if name in ("normal_", "uniform_") or draw is not None:
                 raise
             return self._compute_write(name, func, entry, target, args, kwargs, not_box)
         if box.numel == 0:
             return
+        if draw is not None:
+            return entry.write(draw, box.region)
         if name == "normal_":
             mean = _arg(args, kwargs, 1, "mean", 0.0)
             std = _arg(args, kwargs, 2, "std", 1.0)
@@ -926,6 +929,38 @@ class Recorder(TorchFunctionMode):
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+def _draw_into(name, func, target, args, kwargs):
+    """The scheme of a random factory that writes `target` through out=
+    (torch.rand(4, 8, out=w), torch.randn, torch.normal(mean, std, size)),
+    as its plain factory form gives; None for any other call. Computed
+    here instead, the values would come from this process's generator and
+    not follow the seed. Unknown when the size differs from the tensor's
+    (torch would resize it)."""
+    if kwargs.get("out") is not target or not target.is_floating_point():
+        return None
+    if name in ("rand", "randn") and func in (torch.rand, torch.randn):
+        size = kwargs.get("size", args)
+        if len(size) == 1 and isinstance(size[0], (list, tuple)):
+            size = size[0]
+        kind, params = _RANDOM_FACTORIES[name]
+        scheme = Scheme(kind, dict(params))
+    elif func is torch.normal and _normal_factory(args, kwargs):
+        size = _arg(args, kwargs, 2, "size", None)
+        mean = _arg(args, kwargs, 0, "mean", 0.0)
+        std = _arg(args, kwargs, 1, "std", 1.0)
+        scheme = Scheme("normal", {"mean": float(mean), "std": float(std)})
+    else:
+        return None
+    try:
+        size = tuple(int(n) for n in size)
+    except (TypeError, ValueError):
+        raise Unknown(f"torch.{name} with out= and a size it cannot read ({size!r})")
+    if size != tuple(target.shape):
+        raise Unknown(f"torch.{name} of size {list(size)} into a tensor of shape "
+                      f"{list(target.shape)} (torch would resize it)")
+    return scheme
+
 
 def _normal_factory(args, kwargs):
     """torch.normal(mean, std, size) with numbers (a factory), not the
