@@ -32,7 +32,8 @@ if _generated and not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "
     if _extra not in __path__:
         __path__.append(_extra)
 
-from materializer.errors import CaptureError, Error, LoadError, RpcError  # noqa: E402
+from materializer.errors import (CaptureError, CheckpointLayoutError, Error,  # noqa: E402
+                                 LoadError, RpcError)
 from materializer.client import TLS, Client  # noqa: E402
 from materializer.capture import (InitHook, Scheme, Spec, meta_device,  # noqa: E402
                                   schemes)
@@ -42,6 +43,6 @@ from materializer.checkpoint import Checkpoint  # noqa: E402
 init = schemes  # materializer.init.normal(std=0.02) for overrides
 
 __version__ = "0.1.0"
-__all__ = ["Checkpoint", "CaptureError", "Client", "Error", "InitHook", "LoadError",
-           "RpcError", "Scheme", "Spec", "TLS", "describe", "init",
+__all__ = ["Checkpoint", "CaptureError", "CheckpointLayoutError", "Client", "Error",
+           "InitHook", "LoadError", "RpcError", "Scheme", "Spec", "TLS", "describe", "init",
            "materialize", "meta_device", "plan", "schemes"]

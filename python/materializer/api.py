@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from materializer import capture
+from materializer import capture, hf
 from materializer.checkpoint import CheckpointReport, as_checkpoint
 from materializer.client import Client
 from materializer.errors import LoadError, RpcError, in_call
@@ -224,6 +224,12 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
         # while describe() records the model, the round trip is off the
         # call's path (on a busy host it took up to 0.1 s).
         choice = _Ahead(_choose, client, transport, device, placement)
+        if source is not None and hf.is_hf_model(model):
+            # save_pretrained writes the names transformers' conversions
+            # read (and layouts they convert): follow the renamings, refuse
+            # the conversions, before anything is held.
+            source = hf.adapt_checkpoint(model, source, client)
+            source_pb = source.to_proto()
         if spec is None:
             spec = describe(model, seed=seed, rng=rng, **describe_kwargs)
         t_describe = time.perf_counter()

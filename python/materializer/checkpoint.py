@@ -9,6 +9,9 @@ others from the model's own init, which describe() records as usual.
 
 from materializer._proto import pb
 
+# The server's limit on CheckpointSource.key_rules.
+MAX_KEY_RULES = 64
+
 DTYPE_POLICIES = {"cast": pb.CHECKPOINT_DTYPE_POLICY_CAST,
                   "exact": pb.CHECKPOINT_DTYPE_POLICY_EXACT}
 

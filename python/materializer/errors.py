@@ -94,3 +94,12 @@ class LoadError(Error):
     """The handle's bytes could not be put into the module (a layout or
     shape that does not match, a digest mismatch, an export that cannot be
     mapped)."""
+
+
+class CheckpointLayoutError(Error):
+    """The checkpoint stores some of the model's tensors in another layout
+    than the model holds them: transformers converts them while loading
+    (experts stored one by one and merged into one tensor, halves
+    concatenated, a transpose), which the server, reading tensors by name,
+    does not do. Raised before anything is materialized; without it those
+    tensors would have taken their random init."""

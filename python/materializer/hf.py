@@ -142,3 +142,128 @@ def from_pretrained(path, server=None, *, model_class=None, client=None, tls=Non
                           checkpoint=path, **kwargs)
     return model, result
 
+
+
+def _conversions(model):
+    """transformers' load-time conversions for `model` (renamings and
+    converters), or None where this transformers has none for it."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import (WeightConverter, WeightRenaming,
+                                                     rename_source_key)
+    except ImportError:   # a transformers from before load-time conversions
+        return None
+    mapping = get_model_conversion_mapping(model) or []
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    if not renamings and not converters:
+        return None
+    return renamings, converters, rename_source_key
+
+
+def checkpoint_key_rules(model, keys):
+    """The key rules (from, to) that make the server read a checkpoint of
+    `model` as transformers' from_pretrained reads it, given the
+    checkpoint's tensor names `keys`: save_pretrained writes the names the
+    library's conversions map from (Mixtral's `block_sparse_moe`, LLaVA's
+    `language_model.model`), not the module's. [] when the names already
+    match. Raises CheckpointLayoutError when the checkpoint holds tensors
+    transformers converts rather than renames (experts stored one by one
+    and merged, halves concatenated, a transpose), or renamings that prefix
+    rules cannot express: loaded by name, those tensors would silently have
+    kept their random init."""
+    from materializer.errors import CheckpointLayoutError
+    found = _conversions(model)
+    if found is None:
+        return []
+    renamings, converters, rename_source_key = found
+    state = model.state_dict(keep_vars=True)
+    prefix = getattr(model, "base_model_prefix", None)
+    renamed = {}     # module name -> checkpoint key
+    converted = {}   # module name -> (checkpoint keys, operations)
+    for key in keys:
+        name, pattern = rename_source_key(key, renamings, converters, prefix, state)
+        if name not in state and key in state:   # as transformers falls back
+            name, pattern = rename_source_key(key, [], [], prefix, state)
+        if name not in state:
+            continue
+        if pattern is not None:
+            ops = next((", ".join(type(o).__name__ for o in c.operations)
+                        for c in converters if pattern in c.source_patterns), "")
+            converted.setdefault(name, ([], ops))[0].append(key)
+        else:
+            renamed[name] = key
+    if converted:
+        names = sorted(converted)
+        lines = [f"{n} <- {', '.join(converted[n][0][:3])}"
+                 f"{' ...' if len(converted[n][0]) > 3 else ''} ({converted[n][1] or 'converted'})"
+                 for n in names[:5]]
+        raise CheckpointLayoutError(
+            f"{len(names)} tensors of {type(model).__name__} are stored in this checkpoint "
+            "in a layout transformers converts while loading, which the server does not "
+            "do (it reads each tensor by name); they would have kept their random init:\n  "
+            + "\n  ".join(lines) + ("\n  ..." if len(names) > 5 else "")
+            + "\nLoad this model with transformers' from_pretrained, or save it in the "
+            "module's own layout (safetensors.torch.save_file(model.state_dict(), ...)).")
+    rules = {}
+    for name, key in renamed.items():
+        if name == key:
+            continue
+        a, b = name.split("."), key.split(".")
+        same = 0
+        while same < min(len(a), len(b)) and a[-1 - same] == b[-1 - same]:
+            same += 1
+        src = ".".join(a[:len(a) - same]) + ("." if same < len(a) else "")
+        dst = ".".join(b[:len(b) - same]) + ("." if same < len(b) else "")
+        if same == 0:
+            src, dst = name, key
+        if rules.setdefault(src, dst) != dst:
+            rules[name] = key   # this name alone
+    ordered = sorted(rules.items(), key=lambda r: -len(r[0]))
+
+    def apply(name):
+        for src, dst in ordered:
+            if name.startswith(src):
+                return dst + name[len(src):]
+        return name
+
+    present = set(keys)
+    # A name a rule captures by mistake keeps its own name (an identity rule
+    # ahead of the shorter one), once; what still differs is refused.
+    for name in state:
+        if name not in renamed and apply(name) in present and apply(name) != name:
+            rules[name] = name
+        elif name in renamed and apply(name) != renamed[name]:
+            rules[name] = renamed[name]
+    ordered = sorted(rules.items(), key=lambda r: -len(r[0]))
+    def misread(name):
+        got = apply(name)
+        if name in renamed:
+            return got != renamed[name]
+        return got != name and got in present   # would load another tensor's bytes
+    wrong = [n for n in state if misread(n)]
+    from materializer.checkpoint import MAX_KEY_RULES
+    if wrong or len(ordered) > MAX_KEY_RULES:
+        why = (f"{len(ordered)} key rules, more than the server's {MAX_KEY_RULES}"
+               if not wrong else f"no prefix rules map {wrong[0]} as transformers does")
+        raise CheckpointLayoutError(
+            f"this checkpoint names {type(model).__name__}'s tensors as transformers' "
+            f"conversions read them, and {why}; pass a materializer.Checkpoint with "
+            "your own key_rules")
+    return ordered
+
+
+def adapt_checkpoint(model, source, client):
+    """`source` (a materializer.Checkpoint) for a Hugging Face `model`,
+    with the key rules transformers' conversions imply (checkpoint_key_rules)
+    where the caller gave none. One InspectCheckpoint call, only for a model
+    whose class has conversions."""
+    from materializer.checkpoint import Checkpoint
+    if _conversions(model) is None:
+        return source
+    keys = [t.key for t in client.inspect_checkpoint(source.path).tensors]
+    rules = checkpoint_key_rules(model, keys)
+    if source.key_rules or not rules:
+        return source
+    return Checkpoint(source.path, key_rules=rules, dtype_policy=source.dtype_policy,
+                      require_all=source.require_all)

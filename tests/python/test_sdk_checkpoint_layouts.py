@@ -1,0 +1,142 @@
+"""Checkpoints whose names or layouts differ from the module's: what
+transformers' save_pretrained writes for the model types it converts
+while loading (154 of the 822 in transformers 5.24.0). It writes the
+names its conversions read (LLaVA's `language_model.model.`, Mixtral's
+`block_sparse_moe`) and, for mixture-of-experts models, each expert as its
+own tensor where the module holds them fused. Loaded by name, those
+tensors silently kept their random init: Gemma 3, PaliGemma, LLaVA and
+Mistral 3 came back with nothing from the checkpoint, Mixtral and
+Qwen3-MoE with random experts. The SDK now follows the renamings (key
+rules, from transformers' own conversion table) and refuses the
+conversions before anything is held. Every parameter is perturbed before
+saving, so no init can match a checkpoint value by chance (a LayerNorm's
+ones)."""
+
+import pytest
+import torch
+
+import materializer as mz
+import serverproc
+from materializer import hf
+
+transformers = pytest.importorskip("transformers")
+tf = transformers
+
+TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, head_dim=16)
+VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              image_size=32, patch_size=8)
+
+
+def llava():
+    return tf.LlavaForConditionalGeneration, tf.LlavaConfig(
+        text_config=tf.LlamaConfig(**TEXT), vision_config=tf.CLIPVisionConfig(**VISION),
+        image_token_index=255)
+
+
+def gemma3():
+    return tf.Gemma3ForConditionalGeneration, tf.Gemma3Config(
+        text_config=tf.Gemma3TextConfig(**TEXT), vision_config=tf.SiglipVisionConfig(**VISION),
+        mm_tokens_per_image=4, image_token_index=255, boi_token_index=254, eoi_token_index=253)
+
+
+def paligemma():
+    return tf.PaliGemmaForConditionalGeneration, tf.PaliGemmaConfig(
+        text_config=tf.GemmaConfig(**TEXT), vision_config=tf.SiglipVisionConfig(**VISION),
+        image_token_index=255)
+
+
+def mistral3():
+    return tf.Mistral3ForConditionalGeneration, tf.Mistral3Config(
+        text_config=tf.MistralConfig(**TEXT),
+        vision_config=tf.PixtralVisionConfig(**VISION, head_dim=16), image_token_index=255)
+
+
+def esm():
+    return tf.EsmForMaskedLM, tf.EsmConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=33, pad_token_id=1, mask_token_id=32)
+
+
+def mixtral():
+    return tf.MixtralForCausalLM, tf.MixtralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, vocab_size=256)
+
+
+def qwen3_moe():
+    return tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, vocab_size=256)
+
+
+RENAMED = {"llava": llava, "gemma3": gemma3, "paligemma": paligemma, "mistral3": mistral3,
+           "esm": esm}
+CONVERTED = {"mixtral": mixtral, "qwen3_moe": qwen3_moe}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    base = tmp_path_factory.mktemp("layouts") / "models"
+    base.mkdir()
+    torch.manual_seed(5)
+    for name, make in {**RENAMED, **CONVERTED}.items():
+        cls, config = make()
+        model = cls(config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+        model.save_pretrained(base / name)
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    with serverproc.running_server(extra_args=(f"--checkpoint_roots=models={root}",)) as srv:
+        yield srv
+
+
+def assert_same_state(got, want):
+    got_sd, want_sd = got.state_dict(), want.state_dict()
+    assert set(got_sd) == set(want_sd)
+    differ = [n for n, t in want_sd.items()
+              if got_sd[n].dtype != t.dtype or not torch.equal(got_sd[n], t)]
+    assert not differ, f"{len(differ)} tensors differ from from_pretrained's: {differ[:5]}"
+
+
+@pytest.mark.parametrize("name", sorted(RENAMED))
+def test_a_renamed_checkpoint_loads_as_from_pretrained(server, root, name):
+    cls, _ = RENAMED[name]()
+    want = cls.from_pretrained(root / name)
+    model, r = hf.from_pretrained(f"models/{name}", server=server.address)
+    assert type(model) is cls
+    assert r.checkpoint.unused_keys == []
+    assert r.checkpoint.tensors_loaded > 0
+    assert_same_state(model, want)
+    # materialize(model, checkpoint=...) on a model built by hand does the same.
+    cls, config = RENAMED[name]()
+    own = hf.from_config(config, cls)
+    r = mz.materialize(own, server=server.address, checkpoint=f"models/{name}",
+                       transport="stream")
+    assert r.checkpoint.unused_keys == []
+    assert_same_state(own, want)
+    server.assert_idle()
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_a_checkpoint_transformers_converts_is_refused_before_anything_is_held(server, name):
+    read_before = server.stats().checkpoint_cache.bytes_read_from_files
+    with pytest.raises(mz.CheckpointLayoutError) as e:
+        hf.from_pretrained(f"models/{name}", server=server.address)
+    message = str(e.value)
+    assert "mlp.experts.gate_up_proj" in message and "MergeModulelist" in message, message
+    assert "random init" in message
+    server.assert_idle()
+    # Refused before Materialize: not a byte of the checkpoint was read.
+    assert server.stats().checkpoint_cache.bytes_read_from_files == read_before
+    # Key rules of one's own do not make a fused tensor readable by name.
+    cls, config = CONVERTED[name]()
+    with pytest.raises(mz.CheckpointLayoutError):
+        mz.materialize(hf.from_config(config, cls), server=server.address,
+                       checkpoint=mz.Checkpoint(f"models/{name}", key_rules={"": ""}))
+    server.assert_idle()
