@@ -114,6 +114,8 @@ def from_pretrained(path, server=None, *, model_class=None, client=None, tls=Non
     AutoModel). config_overrides: config attributes to set first
     (num_labels=3, ...). Returns (model, Materialized)."""
     import json
+    import os
+    import tempfile
     from materializer.api import _client_for, materialize as _materialize
     transformers = require("transformers", "materializer.hf")
     own, own_client = _client_for(server, client, tls, token, None, session=False)
@@ -127,11 +129,15 @@ def from_pretrained(path, server=None, *, model_class=None, client=None, tls=Non
             f"{path}: the server found no config.json there (from_pretrained needs "
             "the folder save_pretrained wrote; build the model yourself and pass "
             "checkpoint= to materialize())")
-    fields = json.loads(contents.config_json)
-    model_type = fields.pop("model_type", None)
-    if model_type is None:
+    if "model_type" not in json.loads(contents.config_json):
         raise ValueError(f"{path}/config.json has no model_type")
-    config = transformers.AutoConfig.for_model(model_type, **fields)
+    # Read by transformers' own reader, as its from_pretrained reads it
+    # (special floats such as Infinity are stored as objects; nested
+    # configs; validation after loading).
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+            f.write(contents.config_json)
+        config = transformers.AutoConfig.from_pretrained(folder)
     for key, value in (config_overrides or {}).items():
         setattr(config, key, value)
     if model_class is None:

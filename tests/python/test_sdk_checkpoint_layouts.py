@@ -140,3 +140,21 @@ def test_a_checkpoint_transformers_converts_is_refused_before_anything_is_held(s
         mz.materialize(hf.from_config(config, cls), server=server.address,
                        checkpoint=mz.Checkpoint(f"models/{name}", key_rules={"": ""}))
     server.assert_idle()
+
+
+def test_a_config_with_special_floats_is_read_as_transformers_reads_it(server, root):
+    """save_pretrained stores an infinite float as {"__float__": "Infinity"}
+    (GraniteMoeHybrid's time_step_limit): hf.from_pretrained reads the
+    server's config.json with transformers' own reader, where it used to
+    build the config from the raw JSON and fail validation."""
+    from hf_checkpoint_sweep import small_model
+    model = small_model(tf.GraniteMoeHybridModel)
+    assert model.config.time_step_limit[1] == float("inf")
+    model.save_pretrained(root / "granitemoehybrid")
+    assert '"__float__": "Infinity"' in (root / "granitemoehybrid" / "config.json").read_text()
+    want = tf.GraniteMoeHybridModel.from_pretrained(root / "granitemoehybrid")
+    got, r = hf.from_pretrained("models/granitemoehybrid", server=server.address)
+    assert got.config.time_step_limit == want.config.time_step_limit
+    assert r.checkpoint.unused_keys == []
+    assert_same_state(got, want)
+    server.assert_idle()
