@@ -38,19 +38,27 @@ def load_input(path, auto_class=None, dtype=None):
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+        text = f.read()
+    data = json.loads(text)
     if isinstance(data, dict) and ("model_type" in data or "architectures" in data):
-        return spec_of_module(hf_model(data, auto_class, dtype)), data.get("model_type", "")
+        model = hf_model(data, auto_class, dtype, text=text)
+        return spec_of_module(model), data.get("model_type", "")
     spec = Spec.load(path)
     for t in spec.tensors:
         t.requires_grad = t.kind == "parameter"
     return spec, ""
 
 
-def hf_model(config_dict, auto_class=None, dtype=None):
+def hf_model(config_dict, auto_class=None, dtype=None, text=None):
+    """The model of a config.json (`config_dict`, parsed; `text`, as
+    written) on the meta device."""
     import torch
+    from materializer.hf import config_from_json
     transformers = require("transformers", "a Hugging Face config")
-    config = transformers.AutoConfig.for_model(**config_dict)
+    if "model_type" in config_dict:
+        config = config_from_json(text if text is not None else json.dumps(config_dict))
+    else:
+        config = transformers.AutoConfig.for_model(**config_dict)
     cls = None
     if auto_class:
         cls = getattr(transformers, auto_class)

@@ -76,6 +76,21 @@ def init_hook(model):
                     name=f"{type(model).__name__}.init_weights")
 
 
+def config_from_json(text):
+    """A transformers config from the text of a config.json, read by the
+    library's own reader, as its from_pretrained reads it: special floats
+    (save_pretrained stores Infinity as {"__float__": "Infinity"}), nested
+    configs, validation after loading. Building it from the parsed JSON
+    (AutoConfig.for_model(**fields)) failed validation for such configs."""
+    import os
+    import tempfile
+    transformers = require("transformers", "a Hugging Face config")
+    with tempfile.TemporaryDirectory() as folder:
+        with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+            f.write(text)
+        return transformers.AutoConfig.from_pretrained(folder)
+
+
 def from_config(config, auto_class="AutoModel", record_constructor=True, **kwargs):
     """Builds the model of `config` on the meta device, without downloading
     anything. auto_class: an auto class or a concrete model class
@@ -114,8 +129,6 @@ def from_pretrained(path, server=None, *, model_class=None, client=None, tls=Non
     AutoModel). config_overrides: config attributes to set first
     (num_labels=3, ...). Returns (model, Materialized)."""
     import json
-    import os
-    import tempfile
     from materializer.api import _client_for, materialize as _materialize
     transformers = require("transformers", "materializer.hf")
     own, own_client = _client_for(server, client, tls, token, None, session=False)
@@ -131,13 +144,7 @@ def from_pretrained(path, server=None, *, model_class=None, client=None, tls=Non
             "checkpoint= to materialize())")
     if "model_type" not in json.loads(contents.config_json):
         raise ValueError(f"{path}/config.json has no model_type")
-    # Read by transformers' own reader, as its from_pretrained reads it
-    # (special floats such as Infinity are stored as objects; nested
-    # configs; validation after loading).
-    with tempfile.TemporaryDirectory() as folder:
-        with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
-            f.write(contents.config_json)
-        config = transformers.AutoConfig.from_pretrained(folder)
+    config = config_from_json(contents.config_json)
     for key, value in (config_overrides or {}).items():
         setattr(config, key, value)
     if model_class is None:

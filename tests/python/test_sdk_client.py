@@ -108,6 +108,26 @@ def test_plan_command_on_a_request_file_a_config_and_a_server(server, tmp_path):
     server.assert_idle()
 
 
+def test_plan_reads_a_config_as_transformers_does(tmp_path):
+    """A config.json with an infinite float, as save_pretrained writes it
+    ({"__float__": "Infinity"}, GraniteMoeHybrid's time_step_limit): plan
+    builds the model from it (it failed the config's validation when built
+    from the parsed JSON)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GraniteMoeHybridConfig(
+        hidden_size=64, intermediate_size=128, shared_intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+        num_local_experts=2, num_experts_per_tok=1, mamba_n_heads=4, mamba_d_head=32,
+        mamba_d_state=16, layer_types=["mamba", "attention"])
+    assert config.time_step_limit[1] == float("inf")
+    config.save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    with torch.device("meta"):
+        want = transformers.GraniteMoeHybridModel(config)
+    got = json.loads(run_plan(str(tmp_path), "--json"))
+    assert got["parameters"] == sum(p.numel() for p in want.parameters())
+
+
 class Proxy:
     """A TCP proxy to `target` whose connections can be cut (a network
     blip) while it keeps listening."""
