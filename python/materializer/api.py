@@ -15,7 +15,7 @@ import time
 import torch
 
 from materializer import capture, hf
-from materializer.checkpoint import CheckpointReport, as_checkpoint
+from materializer.checkpoint import CheckpointReport, as_checkpoint, for_tensors
 from materializer.client import Client
 from materializer.errors import LoadError, RpcError, in_call
 from materializer.load import (Targets, check_loaded, copy_cuda_ipc, device_uuid,
@@ -468,7 +468,8 @@ class _MaterializePart:
     def __init__(self, client, part, where, label, checkpoint=None):
         self._client = client
         self._model, self._where, self._label = part.to_proto(), where, label
-        self._checkpoint = checkpoint
+        self._checkpoint = (for_tensors(checkpoint, (t.name for t in self._model.tensors))
+                            if checkpoint is not None else None)
         self._resp = self._error = None
         self._done = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="materializer-part").start()

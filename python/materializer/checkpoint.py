@@ -9,8 +9,11 @@ others from the model's own init, which describe() records as usual.
 
 from materializer._proto import pb
 
-# The server's limit on CheckpointSource.key_rules.
-MAX_KEY_RULES = 64
+# The server's limits on CheckpointSource.key_rules and assemblies.
+MAX_KEY_RULES = 1024
+MAX_KEY_RULE_FROM_BYTES = 64 << 10
+MAX_PARTS_PER_TENSOR = 4096
+MAX_ASSEMBLY_PARTS = 131072
 
 DTYPE_POLICIES = {"cast": pb.CHECKPOINT_DTYPE_POLICY_CAST,
                   "exact": pb.CHECKPOINT_DTYPE_POLICY_EXACT}
@@ -24,9 +27,15 @@ class Checkpoint:
     replaces that prefix with `to` to give its checkpoint key ("" adds a
     prefix). dtype_policy: "cast" (a stored float of another dtype is cast
     to the tensor's, as torch casts) or "exact". require_all: a tensor the
-    checkpoint lacks is an error listing them, instead of taking its init."""
+    checkpoint lacks is an error listing them, instead of taking its init.
+    assemblies: {tensor name: [[key, key_offset, key_shape, offset, shape],
+    ...]}, tensors the server builds from boxes of several checkpoint
+    tensors (docs/checkpoints.md, "Assembled tensors"); for a Hugging Face
+    model the SDK finds them from transformers' own conversions
+    (materializer.hf.checkpoint_layout)."""
 
-    def __init__(self, path, key_rules=None, dtype_policy="cast", require_all=False):
+    def __init__(self, path, key_rules=None, dtype_policy="cast", require_all=False,
+                 assemblies=None):
         if not isinstance(path, str) or not path:
             raise ValueError("checkpoint path must be a non-empty string "
                              f"(ROOT/relative/path), not {path!r}")
@@ -38,17 +47,38 @@ class Checkpoint:
         self.key_rules = [(str(a), str(b)) for a, b in rules]
         self.dtype_policy = dtype_policy
         self.require_all = bool(require_all)
+        self.assemblies = {str(name): [list(p) for p in parts]
+                           for name, parts in (assemblies or {}).items()}
 
     def to_proto(self):
         return pb.CheckpointSource(
             path=self.path,
             key_rules=[pb.KeyRule(**{"from": a, "to": b}) for a, b in self.key_rules],
             dtype_policy=DTYPE_POLICIES[self.dtype_policy],
-            require_all=self.require_all)
+            require_all=self.require_all,
+            assemblies=[pb.TensorAssembly(tensor=name, parts=[
+                pb.AssemblyPart(key=k, key_offset=ko, key_shape=ks, offset=o, shape=sh)
+                for k, ko, ks, o, sh in parts]) for name, parts in self.assemblies.items()])
 
     def __repr__(self):
         return (f"Checkpoint({self.path!r}, key_rules={self.key_rules!r}, "
-                f"dtype_policy={self.dtype_policy!r}, require_all={self.require_all})")
+                f"dtype_policy={self.dtype_policy!r}, require_all={self.require_all}"
+                + (f", assemblies=<{len(self.assemblies)} tensors>" if self.assemblies else "")
+                + ")")
+
+
+def for_tensors(source_pb, names):
+    """CheckpointSource `source_pb` for a request holding only the tensors
+    `names` (one part of a model split into several handles): the
+    assemblies of the other parts' tensors left out."""
+    if not source_pb.assemblies:
+        return source_pb
+    names = set(names)
+    part = pb.CheckpointSource()
+    part.CopyFrom(source_pb)
+    del part.assemblies[:]
+    part.assemblies.extend(a for a in source_pb.assemblies if a.tensor in names)
+    return part
 
 
 def as_checkpoint(value):

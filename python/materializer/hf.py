@@ -14,7 +14,10 @@ a model twice, or describing then loading it, sees the same model.
 """
 
 import contextlib
+import copy
 import sys
+
+import torch
 
 from materializer._optional import require
 from materializer.capture import InitHook, meta_device
@@ -174,50 +177,205 @@ def _conversions(model):
     return renamings, converters, rename_source_key
 
 
-def checkpoint_key_rules(model, keys):
-    """The key rules (from, to) that make the server read a checkpoint of
-    `model` as transformers' from_pretrained reads it, given the
-    checkpoint's tensor names `keys`: save_pretrained writes the names the
-    library's conversions map from (Mixtral's `block_sparse_moe`, LLaVA's
-    `language_model.model`), not the module's. [] when the names already
-    match. Raises CheckpointLayoutError when the checkpoint holds tensors
-    transformers converts rather than renames (experts stored one by one
-    and merged, halves concatenated, a transpose), or renamings that prefix
-    rules cannot express: loaded by name, those tensors would silently have
-    kept their random init."""
+class _NotBoxes(Exception):
+    """A conversion whose result is no set of boxes of checkpoint tensors
+    (a transpose, an interleave, arithmetic)."""
+
+
+def _dim(d, rank):
+    return d + rank if d < 0 else d
+
+
+class _Boxes:
+    """A tensor transformers' load-time conversions would build, as boxes of
+    checkpoint tensors instead of values: torch.stack, cat, chunk, split and
+    squeeze act on the boxes as they would on the elements, so that
+    transformers' own conversion code says where each element comes from.
+    Any other operation raises _NotBoxes. parts: [key, key_offset,
+    key_shape, offset, shape] (the server's AssemblyPart)."""
+
+    def __init__(self, shape, parts):
+        self.shape = torch.Size(shape)
+        self.parts = parts
+
+    @classmethod
+    def whole(cls, key, shape):
+        zeros = [0] * len(shape)
+        return cls(shape, [[key, zeros, list(shape), list(zeros), list(shape)]])
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self):
+        return len(self.shape)
+
+    ndim = property(dim)
+
+    def contiguous(self, *args, **kwargs):
+        return self
+
+    def chunk(self, chunks, dim=0):
+        return _Boxes._chunk(self, chunks, dim)
+
+    def split(self, sizes, dim=0):
+        return _Boxes._split(self, sizes, dim)
+
+    def squeeze(self, dim=None):
+        if dim is None or self.shape[_dim(dim, self.dim())] != 1:
+            raise _NotBoxes("squeeze")
+        d = _dim(dim, self.dim())
+        shape = list(self.shape[:d]) + list(self.shape[d + 1:])
+        return _Boxes(shape, [[k, ko, ks, o[:d] + o[d + 1:], sh[:d] + sh[d + 1:]]
+                              for k, ko, ks, o, sh in self.parts])
+
+    def _slice(self, dim, lo, hi):
+        """Elements [lo, hi) along `dim`."""
+        parts = []
+        for key, key_offset, key_shape, offset, shape in self.parts:
+            a, b = max(offset[dim], lo), min(offset[dim] + shape[dim], hi)
+            if a >= b:
+                continue
+            key_offset, key_shape = list(key_offset), list(key_shape)
+            if shape[dim] != 1:
+                # The n-th dim of size > 1 of the box is the n-th of the key's.
+                n = sum(1 for s in shape[:dim] if s != 1)
+                k = [i for i, s in enumerate(key_shape) if s != 1][n]
+                key_offset[k] += a - offset[dim]
+                key_shape[k] = b - a
+            offset, shape = list(offset), list(shape)
+            offset[dim], shape[dim] = a - lo, b - a
+            parts.append([key, key_offset, key_shape, offset, shape])
+        return _Boxes(list(self.shape[:dim]) + [hi - lo] + list(self.shape[dim + 1:]), parts)
+
+    @staticmethod
+    def _pieces(t, sizes, dim):
+        d = _dim(dim, t.dim())
+        out, at = [], 0
+        for n in sizes:
+            out.append(t._slice(d, at, at + n))
+            at += n
+        return tuple(out)
+
+    @staticmethod
+    def _chunk(t, chunks, dim=0):
+        meta = torch.empty(t.shape, device="meta")
+        return _Boxes._pieces(t, [c.shape[dim] for c in torch.chunk(meta, chunks, dim)], dim)
+
+    @staticmethod
+    def _split(t, sizes, dim=0):
+        meta = torch.empty(t.shape, device="meta")
+        return _Boxes._pieces(t, [c.shape[dim] for c in torch.split(meta, sizes, dim)], dim)
+
+    @staticmethod
+    def _stack(tensors, dim=0):
+        tensors = list(tensors)
+        shape = tensors[0].shape
+        if not all(isinstance(t, _Boxes) and t.shape == shape for t in tensors):
+            raise _NotBoxes("stack of tensors of different shapes")
+        d = _dim(dim, len(shape) + 1)
+        parts = [[k, ko, ks, o[:d] + [i] + o[d:], sh[:d] + [1] + sh[d:]]
+                 for i, t in enumerate(tensors) for k, ko, ks, o, sh in t.parts]
+        return _Boxes(list(shape[:d]) + [len(tensors)] + list(shape[d:]), parts)
+
+    @staticmethod
+    def _cat(tensors, dim=0):
+        tensors = list(tensors)
+        if not all(isinstance(t, _Boxes) for t in tensors):
+            raise _NotBoxes("cat of stored and computed tensors")
+        d = _dim(dim, tensors[0].dim())
+        shape, parts, at = list(tensors[0].shape), [], 0
+        for t in tensors:
+            if list(t.shape[:d]) + list(t.shape[d + 1:]) != shape[:d] + shape[d + 1:]:
+                raise _NotBoxes("cat of tensors of different shapes")
+            for k, ko, ks, o, sh in t.parts:
+                o = list(o)
+                o[d] += at
+                parts.append([k, ko, ks, o, sh])
+            at += t.shape[d]
+        shape[d] = at
+        return _Boxes(shape, parts)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        table = {torch.stack: cls._stack, torch.cat: cls._cat, torch.concat: cls._cat,
+                 torch.concatenate: cls._cat, torch.chunk: cls._chunk,
+                 torch.Tensor.chunk: cls._chunk, torch.split: cls._split,
+                 torch.Tensor.split: cls._split}
+        if func in table:
+            return table[func](*args, **kwargs)
+        if func in (torch.squeeze, torch.Tensor.squeeze):
+            return args[0].squeeze(*args[1:], **kwargs)
+        raise _NotBoxes(getattr(func, "__name__", str(func)))
+
+
+def checkpoint_layout(model, tensors):
+    """How the server reads a checkpoint of `model` as transformers'
+    from_pretrained reads it, given the checkpoint's tensors `tensors`
+    ({key: shape}): (key rules, assemblies). save_pretrained writes the
+    names transformers' conversions map from (Mixtral's `block_sparse_moe`,
+    LLaVA's `language_model.model`), not the module's: the renamings become
+    prefix key rules; tensors the library builds from several checkpoint
+    tensors (experts stored one by one and stacked, gate and up projections
+    concatenated, a fused projection chunked) become assemblies
+    ({tensor: [[key, key_offset, key_shape, offset, shape], ...]}), found by
+    running transformers' own conversion operations on boxes instead of
+    values. Raises CheckpointLayoutError for a conversion no boxes express
+    (a transpose, an interleave) or renamings prefix rules cannot: loaded by
+    name, those tensors would silently have kept their random init."""
     from materializer.errors import CheckpointLayoutError
     found = _conversions(model)
     if found is None:
-        return []
+        return [], {}
     renamings, converters, rename_source_key = found
+    from transformers.core_model_loading import dot_natural_key
     state = model.state_dict(keep_vars=True)
     prefix = getattr(model, "base_model_prefix", None)
-    renamed = {}     # module name -> checkpoint key
-    converted = {}   # module name -> (checkpoint keys, operations)
-    for key in keys:
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    renamed = {}      # module name -> checkpoint key
+    converting = {}   # module name -> a converter collecting its keys
+    keys_of = {}      # module name -> the checkpoint keys it converts
+    for key in sorted(tensors, key=dot_natural_key):
         name, pattern = rename_source_key(key, renamings, converters, prefix, state)
         if name not in state and key in state:   # as transformers falls back
             name, pattern = rename_source_key(key, [], [], prefix, state)
         if name not in state:
             continue
         if pattern is not None:
-            ops = next((", ".join(type(o).__name__ for o in c.operations)
-                        for c in converters if pattern in c.source_patterns), "")
-            converted.setdefault(name, ([], ops))[0].append(key)
+            conv = converting.setdefault(name, copy.deepcopy(by_pattern[pattern]))
+            conv.add_tensor(name, key, pattern, _Boxes.whole(key, list(tensors[key])))
+            keys_of.setdefault(name, []).append(key)
         else:
             renamed[name] = key
-    if converted:
-        names = sorted(converted)
-        lines = [f"{n} <- {', '.join(converted[n][0][:3])}"
-                 f"{' ...' if len(converted[n][0]) > 3 else ''} ({converted[n][1] or 'converted'})"
+    assemblies, refused = {}, {}
+    for name, conv in converting.items():
+        ops = ", ".join(type(o).__name__ for o in conv.operations)
+        try:
+            with torch.no_grad():
+                out = conv.convert(name, model=model, config=model.config)
+        except Exception as e:  # noqa: BLE001 - every failure is a refusal naming it
+            why = f"{ops}: {e}" if isinstance(e, _NotBoxes) else f"{ops}"
+            refused[name] = (keys_of[name], why)
+            continue
+        for target, boxes in out.items():
+            if (target not in state or not isinstance(boxes, _Boxes)
+                    or tuple(boxes.shape) != tuple(state[target].shape)):
+                refused[name] = (keys_of[name], ops)
+                break
+            assemblies[target] = boxes.parts
+    if refused:
+        names = sorted(refused)
+        lines = [f"{n} <- {', '.join(refused[n][0][:3])}"
+                 f"{' ...' if len(refused[n][0]) > 3 else ''} ({refused[n][1]})"
                  for n in names[:5]]
         raise CheckpointLayoutError(
             f"{len(names)} tensors of {type(model).__name__} are stored in this checkpoint "
-            "in a layout transformers converts while loading, which the server does not "
-            "do (it reads each tensor by name); they would have kept their random init:\n  "
-            + "\n  ".join(lines) + ("\n  ..." if len(names) > 5 else "")
+            "in a layout transformers converts while loading with an operation the server "
+            "cannot express as boxes of stored tensors; they would have kept their random "
+            "init:\n  " + "\n  ".join(lines) + ("\n  ..." if len(names) > 5 else "")
             + "\nLoad this model with transformers' from_pretrained, or save it in the "
             "module's own layout (safetensors.torch.save_file(model.state_dict(), ...)).")
+    keys = list(tensors)
     rules = {}
     for name, key in renamed.items():
         if name == key:
@@ -244,39 +402,61 @@ def checkpoint_key_rules(model, keys):
     # A name a rule captures by mistake keeps its own name (an identity rule
     # ahead of the shorter one), once; what still differs is refused.
     for name in state:
+        if name in assemblies:
+            continue      # the server does not look an assembled tensor up
         if name not in renamed and apply(name) in present and apply(name) != name:
             rules[name] = name
         elif name in renamed and apply(name) != renamed[name]:
             rules[name] = renamed[name]
     ordered = sorted(rules.items(), key=lambda r: -len(r[0]))
     def misread(name):
+        if name in assemblies:
+            return False
         got = apply(name)
         if name in renamed:
             return got != renamed[name]
         return got != name and got in present   # would load another tensor's bytes
     wrong = [n for n in state if misread(n)]
-    from materializer.checkpoint import MAX_KEY_RULES
-    if wrong or len(ordered) > MAX_KEY_RULES:
-        why = (f"{len(ordered)} key rules, more than the server's {MAX_KEY_RULES}"
-               if not wrong else f"no prefix rules map {wrong[0]} as transformers does")
+    from materializer.checkpoint import MAX_KEY_RULE_FROM_BYTES, MAX_KEY_RULES
+    from_bytes = sum(len(src.encode()) for src, _ in ordered)
+    if wrong or len(ordered) > MAX_KEY_RULES or from_bytes > MAX_KEY_RULE_FROM_BYTES:
+        why = (f"no prefix rules map {wrong[0]} as transformers does" if wrong else
+               f"{len(ordered)} key rules ({from_bytes:,} bytes of prefixes), more than "
+               f"the server's {MAX_KEY_RULES} ({MAX_KEY_RULE_FROM_BYTES:,} bytes)")
         raise CheckpointLayoutError(
             f"this checkpoint names {type(model).__name__}'s tensors as transformers' "
             f"conversions read them, and {why}; pass a materializer.Checkpoint with "
             "your own key_rules")
-    return ordered
+    return ordered, assemblies
+
+
+def checkpoint_key_rules(model, keys):
+    """The key rules alone (checkpoint_layout) for a checkpoint whose tensor
+    names are `keys`; CheckpointLayoutError when it holds tensors
+    transformers converts (their shapes are needed to assemble them)."""
+    from materializer.errors import CheckpointLayoutError
+    rules, assemblies = checkpoint_layout(model, {k: () for k in keys})
+    if assemblies:
+        raise CheckpointLayoutError(
+            f"{len(assemblies)} tensors of {type(model).__name__} are assembled from "
+            "several checkpoint tensors; use checkpoint_layout with their shapes")
+    return rules
 
 
 def adapt_checkpoint(model, source, client):
     """`source` (a materializer.Checkpoint) for a Hugging Face `model`,
-    with the key rules transformers' conversions imply (checkpoint_key_rules)
-    where the caller gave none. One InspectCheckpoint call, only for a model
-    whose class has conversions."""
+    with the key rules and assemblies transformers' conversions imply
+    (checkpoint_layout); rules or assemblies the caller gave are kept. One
+    InspectCheckpoint call, only for a model whose class has conversions."""
     from materializer.checkpoint import Checkpoint
     if _conversions(model) is None:
         return source
-    keys = [t.key for t in client.inspect_checkpoint(source.path).tensors]
-    rules = checkpoint_key_rules(model, keys)
-    if source.key_rules or not rules:
+    contents = client.inspect_checkpoint(source.path)
+    rules, assemblies = checkpoint_layout(
+        model, {t.key: list(t.shape) for t in contents.tensors})
+    rules = source.key_rules or rules
+    assemblies = source.assemblies or assemblies
+    if rules == source.key_rules and assemblies == source.assemblies:
         return source
     return Checkpoint(source.path, key_rules=rules, dtype_policy=source.dtype_policy,
-                      require_all=source.require_all)
+                      require_all=source.require_all, assemblies=assemblies)

@@ -16,7 +16,9 @@
 // A tensor found in the checkpoint comes from it: its stored shape must be
 // the tensor's full shape, and its dtype the tensor's or (policy CAST) a
 // floating dtype cast to it, rounded to nearest, ties to even (torch's
-// cast). A shard reads only the bytes of its box. Tied tensors share their
+// cast). A tensor the request assembles (CheckpointSource.assemblies)
+// comes from the boxes of the checkpoint tensors it names, which must tile
+// it. A shard reads only the bytes of its box. Tied tensors share their
 // root's bytes and are not looked up. The rest keep their inits.
 //
 // Thread-compatible: a LoadPlan is used by one request; the cache is
@@ -38,12 +40,28 @@
 
 namespace materializer::load {
 
+// Where one box of a tensor comes from: a box of one checkpoint entry
+// holding the same elements in the same row-major order (the two shapes are
+// equal once their size-1 dims are left out). A tensor stored whole under
+// its key has one source spanning both; an assembled tensor (a stacked
+// mixture-of-experts weight) has one per part.
+struct LoadSource {
+  // Index into checkpoint->entries.
+  int entry = -1;
+  // The box in the entry's dims.
+  std::vector<int64_t> key_offset;
+  std::vector<int64_t> key_shape;
+  // The box in the tensor's full dims.
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+};
+
 struct LoadPlan {
   // The opened checkpoint: its files and their tensors.
   std::shared_ptr<const Checkpoint> checkpoint;
-  // Per tensor of the request: the checkpoint entry it loads (an index into
-  // checkpoint->entries), or -1.
-  std::vector<int> entry_of_tensor;
+  // Per tensor of the request: where its boxes come from; empty for a
+  // tensor the checkpoint does not fill.
+  std::vector<std::vector<LoadSource>> sources_of_tensor;
   // Per tensor: what Describe says of a loaded tensor ("checkpoint
   // models/gpt2/model.safetensors at byte 1024, bfloat16 cast to
   // float32"), "" for the others. ResolveInits skips the loaded ones.
@@ -53,8 +71,14 @@ struct LoadPlan {
   uint32_t tensors_loaded = 0;
 };
 
-// At most this many key rules.
-inline constexpr int kMaxKeyRules = 64;
+// At most this many key rules (SAM 3's tracker, saved by save_pretrained,
+// needs 255), and this many bytes of their `from` prefixes in all.
+inline constexpr int kMaxKeyRules = 1024;
+inline constexpr uint64_t kMaxKeyRuleFromBytes = uint64_t{64} << 10;
+// At most this many assembly parts per tensor, and in one request (a
+// DeepSeek-V3-shaped model stored one expert per key needs 44,544).
+inline constexpr int kMaxPartsPerTensor = 4096;
+inline constexpr int kMaxAssemblyParts = 131072;
 
 // The checkpoint key of tensor `name` under `rules` (the first rule whose
 // `from` is a prefix of the name replaces it; none keeps the name).
@@ -65,7 +89,9 @@ std::string MapKey(
 // Opens `source` for `identity` and matches the request's tensors to its
 // keys. INVALID_ARGUMENT naming the field, file or tensor for: bad rules, a
 // key two tensors map to, a stored shape that is not the tensor's, a dtype
-// the policy does not cast, missing tensors under require_all (listed);
+// the policy does not cast, an assembly whose boxes do not tile its tensor
+// or run past a checkpoint tensor, missing tensors under require_all
+// (listed);
 // the roots' statuses (checkpoint_files.h) for the path.
 absl::StatusOr<LoadPlan> PlanLoad(const v1::CheckpointSource& source,
                                   const std::vector<spec::TensorDesc>& tensors,

@@ -7,8 +7,10 @@ own tensor where the module holds them fused. Loaded by name, those
 tensors silently kept their random init: Gemma 3, PaliGemma, LLaVA and
 Mistral 3 came back with nothing from the checkpoint, Mixtral and
 Qwen3-MoE with random experts. The SDK now follows the renamings (key
-rules, from transformers' own conversion table) and refuses the
-conversions before anything is held. Every parameter is perturbed before
+rules, from transformers' own conversion table), has the server assemble
+what the conversions stack, concatenate and chunk (found by running
+transformers' own conversion code on boxes instead of values), and
+refuses the rest (a transpose) before anything is held. Every parameter is perturbed before
 saving, so no init can match a checkpoint value by chance (a LayerNorm's
 ones)."""
 
@@ -72,7 +74,13 @@ def qwen3_moe():
 
 RENAMED = {"llava": llava, "gemma3": gemma3, "paligemma": paligemma, "mistral3": mistral3,
            "esm": esm}
-CONVERTED = {"mixtral": mixtral, "qwen3_moe": qwen3_moe}
+def olmoe():
+    return tf.OlmoeForCausalLM, tf.OlmoeConfig(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, vocab_size=256)
+
+
+CONVERTED = {"mixtral": mixtral, "qwen3_moe": qwen3_moe, "olmoe": olmoe}
 
 
 @pytest.fixture(scope="module")
@@ -124,22 +132,60 @@ def test_a_renamed_checkpoint_loads_as_from_pretrained(server, root, name):
 
 
 @pytest.mark.parametrize("name", sorted(CONVERTED))
-def test_a_checkpoint_transformers_converts_is_refused_before_anything_is_held(server, name):
+def test_experts_stored_one_by_one_load_as_from_pretrained(server, root, name):
+    """Mixture-of-experts weights save_pretrained stores one expert (and one
+    of gate and up) per tensor: the server assembles them as transformers'
+    conversions do (stacked, concatenated), in one handle and split over
+    several, and with key rules of one's own."""
+    cls, _ = CONVERTED[name]()
+    want = cls.from_pretrained(root / name)
+    model, r = hf.from_pretrained(f"models/{name}", server=server.address)
+    assert r.checkpoint.unused_keys == []
+    assert_same_state(model, want)
+    fused = [n for n in want.state_dict() if n.endswith("mlp.experts.gate_up_proj")]
+    assert fused, "the model holds fused experts"
+    # Several handles (the stream transport's parts), each with only its
+    # own tensors' assemblies; then rules the caller gave.
+    cls, config = CONVERTED[name]()
+    own = hf.from_config(config, cls)
+    r = mz.materialize(own, server=server.address, checkpoint=f"models/{name}",
+                       transport="stream", part_bytes=64 << 10)
+    assert r.checkpoint.unused_keys == []
+    assert_same_state(own, want)
+    cls, config = CONVERTED[name]()
+    own = hf.from_config(config, cls)
+    rules = hf.checkpoint_layout(own, {k: v for k, v in _shapes(root / name).items()})[0]
+    mz.materialize(own, server=server.address, transport="stream",
+                   checkpoint=mz.Checkpoint(f"models/{name}", key_rules=rules or {"": ""}))
+    assert_same_state(own, want)
+    server.assert_idle()
+
+
+def _shapes(folder):
+    from safetensors import safe_open
+    shapes = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                shapes[key] = list(f.get_slice(key).get_shape())
+    return shapes
+
+
+def test_a_conversion_no_boxes_express_is_refused_before_anything_is_held(server, root):
+    """An interleave is no set of boxes: Inkling 2's experts (gate and up
+    stored interleaved) are refused naming the tensors and the operation,
+    before a byte is read."""
+    from hf_checkpoint_sweep import small_model
+    model = small_model(tf.Inkling2TextModel)
+    model.save_pretrained(root / "inkling2")
     read_before = server.stats().checkpoint_cache.bytes_read_from_files
     with pytest.raises(mz.CheckpointLayoutError) as e:
-        hf.from_pretrained(f"models/{name}", server=server.address)
+        hf.from_pretrained("models/inkling2", server=server.address)
     message = str(e.value)
-    assert "mlp.experts.gate_up_proj" in message and "MergeModulelist" in message, message
+    assert "mlp.experts.gate_up_proj" in message and "Interleave" in message, message
     assert "random init" in message
     server.assert_idle()
-    # Refused before Materialize: not a byte of the checkpoint was read.
     assert server.stats().checkpoint_cache.bytes_read_from_files == read_before
-    # Key rules of one's own do not make a fused tensor readable by name.
-    cls, config = CONVERTED[name]()
-    with pytest.raises(mz.CheckpointLayoutError):
-        mz.materialize(hf.from_config(config, cls), server=server.address,
-                       checkpoint=mz.Checkpoint(f"models/{name}", key_rules={"": ""}))
-    server.assert_idle()
 
 
 def test_a_config_with_special_floats_is_read_as_transformers_reads_it(server, root):
