@@ -51,6 +51,19 @@ class Derived(nn.Module):
         self.dt.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
 
+def mixtral_config():
+    import transformers
+    return transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, vocab_size=256)
+
+
+def mixtral_on_meta():
+    import transformers
+    from materializer import hf
+    return hf.from_config(mixtral_config(), transformers.MixtralForCausalLM)
+
+
 def main():
     rank, world, port, address, mode, out = sys.argv[1:7]
     checkpoint = sys.argv[7] if len(sys.argv) > 7 else None
@@ -60,9 +73,22 @@ def main():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     mesh = init_device_mesh("cpu", (world,))
-    with torch.device("meta"):
-        model = Derived() if mode == "derived" else Net(padding=mode != "shard1")
-    if mode == "derived":
+    if mode == "moe":
+        model = mixtral_on_meta()
+    else:
+        with torch.device("meta"):
+            model = Derived() if mode == "derived" else Net(padding=mode != "shard1")
+    if mode == "moe":
+        # The fused experts by experts (each rank its own, assembled from
+        # the checkpoint's per-expert tensors) and down_proj by columns;
+        # the rest whole on each rank.
+        for full_name, p in list(model.named_parameters()):
+            owner, _, name = full_name.rpartition(".")
+            placement = (Shard(0) if name == "gate_up_proj" else
+                         Shard(2) if name == "down_proj" else Replicate())
+            model.get_submodule(owner).register_parameter(
+                name, nn.Parameter(distribute_tensor(p, mesh, [placement])))
+    elif mode == "derived":
         # v by columns (no rank holds a whole row, which its g needs), g and
         # the dt bias by rows, the rest whole.
         placements = {"conv.parametrizations.weight.original1": Shard(1),

@@ -167,3 +167,40 @@ def test_ranks_load_their_slices_of_a_checkpoint_read_once(checkpoint_server, tm
                 covered[index] += 1
             assert torch.all(covered == (world if name == "emb.weight" else 1)), name
     server.assert_idle()
+
+
+def test_ranks_of_a_mixture_of_experts_model_get_their_experts(tmp_path):
+    """Mixtral saved by save_pretrained (one tensor per expert and per gate
+    and up projection), loaded by 2 and 4 DTensor ranks with the fused
+    experts sharded by expert (Shard(0)) and down_proj by columns: each
+    rank's slices equal from_pretrained's, and the server reads the
+    checkpoint once for the job."""
+    transformers = pytest.importorskip("transformers")
+    from sdk_rank import mixtral_config
+    torch.manual_seed(3)
+    model = transformers.MixtralForCausalLM(mixtral_config())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    root = tmp_path / "models"
+    model.save_pretrained(root / "mixtral")
+    want = transformers.MixtralForCausalLM.from_pretrained(root / "mixtral").state_dict()
+    file_bytes = (root / "mixtral" / "model.safetensors").stat().st_size
+    with serverproc.running_server(extra_args=(f"--checkpoint_roots=models={root}",)) as srv:
+        for world in (2, 4):
+            (tmp_path / f"w{world}").mkdir()
+            before = srv.stats().checkpoint_cache.bytes_read_from_files
+            ranks = run_ranks(world, "moe", srv.address, tmp_path / f"w{world}",
+                              checkpoint="models/mixtral")
+            read = srv.stats().checkpoint_cache.bytes_read_from_files - before
+            assert read == (file_bytes if world == 2 else 0), (world, read)
+            for name, full in want.items():
+                covered = torch.zeros(full.shape, dtype=torch.int32)
+                for r, saved in enumerate(ranks):
+                    box, local, _ = saved[name]
+                    index = tuple(slice(o, o + n) for o, n in box)
+                    assert torch.equal(local, full[index]), (name, r)
+                    covered[index] += 1
+                sharded = name.endswith(("gate_up_proj", "down_proj"))
+                assert torch.all(covered == (1 if sharded else world)), name
+        srv.assert_idle()
