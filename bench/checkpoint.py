@@ -39,6 +39,12 @@ without a pool (--shm_pool_bytes=0): fresh pages, what the first load of
 a server's life gets ("sdk, fresh pages" in the tables).
 With --ranks, the ranks time "sdk Shard(0), pool" too.
 
+--model moe-1b times a Mixtral-shaped checkpoint of about the same size
+instead (moe_1b below): save_pretrained stores every expert's weights as
+tensors of their own, which from_pretrained stacks and concatenates in the
+trainer's process, and which the server assembles (CheckpointSource.
+assemblies) while it reads.
+
 --huge-pages (as root) adds "sdk bf16, huge pages" and "sdk fp32, huge
 pages": a second long-running server whose --shm_dir is a tmpfs this
 benchmark mounts with huge=within_size (unmounted at the end), so that
@@ -89,17 +95,40 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 import run as bench_run  # noqa: E402  (Service, machine, git_commit, write_results)
 from sdk import raw_tcp, write_once  # noqa: E402  (the trainer SDK bench's own)
 
-NAME = "llama-1b"
+NAME = "llama-1b"      # --model
+CLASS = "LlamaForCausalLM"
 PATHS = ("hf bf16", "sdk bf16", "hf fp32", "sdk fp32")
 
 
-def config():
+def llama_1b():
     import transformers
     return transformers.LlamaConfig(
         hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
         num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
         max_position_embeddings=2048, tie_word_embeddings=False,
         architectures=["LlamaForCausalLM"])
+
+
+def moe_1b():
+    """A Mixtral shape of about the same size (1.1 B parameters, 8 experts
+    of which 2 are active): save_pretrained stores each expert's w1, w2 and
+    w3 as tensors of their own (1,344 of them), which from_pretrained
+    stacks and concatenates into the module's fused experts, and which the
+    server assembles."""
+    import transformers
+    return transformers.MixtralConfig(
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=14,
+        num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+        num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=2048,
+        tie_word_embeddings=False, architectures=["MixtralForCausalLM"])
+
+
+MODELS = {"llama-1b": ("LlamaForCausalLM", llama_1b),
+          "moe-1b": ("MixtralForCausalLM", moe_1b)}
+
+
+def config():
+    return MODELS[NAME][1]()
 
 
 def write_checkpoint(folder):
@@ -111,7 +140,7 @@ def write_checkpoint(folder):
         return
     os.makedirs(folder, exist_ok=True)
     with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(config()).to(torch.bfloat16)
+        model = getattr(transformers, CLASS)(config()).to(torch.bfloat16)
     model.to_empty(device="cpu")
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -128,7 +157,7 @@ def files_of(folder):
 def hf_load(folder, dtype):
     import transformers
     t0 = time.perf_counter()
-    model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = getattr(transformers, CLASS).from_pretrained(folder, dtype=dtype)
     return model, time.perf_counter() - t0, {}
 
 
@@ -136,7 +165,7 @@ def sdk_load(client, dtype):
     import materializer
     from materializer import hf
     t0 = time.perf_counter()
-    model = hf.from_config(config(), "LlamaForCausalLM", dtype=dtype)
+    model = hf.from_config(config(), CLASS, dtype=dtype)
     r = materializer.materialize(model, client=client, checkpoint=f"bench/{NAME}",
                                  progress=False)
     wall = time.perf_counter() - t0
@@ -154,7 +183,7 @@ def sdk_stream(client):
     load phase (the bytes crossing loopback into the module)."""
     import materializer
     from materializer import hf
-    model = hf.from_config(config(), "LlamaForCausalLM", dtype=torch.bfloat16)
+    model = hf.from_config(config(), CLASS, dtype=torch.bfloat16)
     t0 = time.perf_counter()
     r = materializer.materialize(model, client=client, checkpoint=f"bench/{NAME}",
                                  transport="stream", progress=False)
@@ -169,7 +198,7 @@ def warm_up_load(client):
     reads in the same order), and its shared-memory pool is untouched."""
     import materializer
     from materializer import hf
-    model = hf.from_config(config(), "LlamaForCausalLM", dtype=torch.bfloat16)
+    model = hf.from_config(config(), CLASS, dtype=torch.bfloat16)
     materializer.materialize(model, client=client, checkpoint=f"bench/{NAME}",
                              transport="stream", part_bytes=0, progress=False)
 
@@ -283,8 +312,15 @@ def main():
                          "(default: the server's default, auto; 0: none)")
     ap.add_argument("--huge-pages", action="store_true",
                     help="as root: also time a server whose --shm_dir is a huge-page tmpfs")
+    ap.add_argument("--model", choices=sorted(MODELS), default=NAME,
+                    help="llama-1b (dense) or moe-1b (Mixtral-shaped, experts stored one "
+                         "by one)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
+    global NAME, CLASS
+    NAME, CLASS = args.model, MODELS[args.model][0]
+    if args.ranks and NAME != "llama-1b":
+        ap.error("--ranks times llama-1b only")
     os.environ["MATERIALIZER_PY_PROTO"] = args.proto
     command = " ".join([".venv/bin/python", "bench/checkpoint.py"]
                        + bench_run.shown_args(sys.argv[1:]))
@@ -498,9 +534,11 @@ def main():
     print(table)
     if args.write:
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        key = re.sub(r"[^a-z0-9]+", "-", f"checkpoint {mach['cpu']} {mach['cores']}c".lower())
+        model_key = "" if NAME == "llama-1b" else f" {NAME}"
+        key = re.sub(r"[^a-z0-9]+", "-",
+                     f"checkpoint{model_key} {mach['cpu']} {mach['cores']}c".lower())
         body = "\n".join([
-            f"## Checkpoint loads: {mach['cpu']}, {mach['cores']} cores, {mach['ram']}",
+            f"## Checkpoint loads{model_key}: {mach['cpu']}, {mach['cores']} cores, {mach['ram']}",
             "",
             f"- command: `{command}`",
             f"- date: {date}",
