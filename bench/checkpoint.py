@@ -288,6 +288,7 @@ def span(xs):
 
 
 def main():
+    global NAME, CLASS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
@@ -317,7 +318,6 @@ def main():
                          "by one)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
-    global NAME, CLASS
     NAME, CLASS = args.model, MODELS[args.model][0]
     if args.ranks and NAME != "llama-1b":
         ap.error("--ranks times llama-1b only")

@@ -277,3 +277,64 @@ def test_key_rule_limits(server):
     model = {"tensors": [{"name": "norm.weight", "shape": [H, I], "dtype": "float32"}]}
     _, _, got = materialize(server, model, checkpoint(assemblies=[], keyRules=rules))
     assert m.same_bits(got["norm.weight"], stored_tensors()["experts.0.w2.weight"])
+
+
+def random_tiling(rng, shape):
+    """Boxes (offset, shape) tiling `shape`: cut a box along a random dim
+    at a random point, a few times."""
+    boxes = [([0] * len(shape), list(shape))]
+    for _ in range(rng.randint(0, 7)):
+        k = rng.randrange(len(boxes))
+        offset, size = boxes[k]
+        dims = [d for d in range(len(size)) if size[d] > 1]
+        if not dims:
+            continue
+        d = rng.choice(dims)
+        cut = rng.randint(1, size[d] - 1)
+        a_size, b_size = list(size), list(size)
+        a_size[d], b_size[d] = cut, size[d] - cut
+        b_offset = list(offset)
+        b_offset[d] += cut
+        boxes[k:k + 1] = [(offset, a_size), (b_offset, b_size)]
+    return boxes
+
+
+def test_random_assemblies_equal_torch_for_every_shard(server, root):
+    """Random tilings of a [5, 7, 6] tensor, each box stored in a tensor of
+    its own, larger than the box (a key_offset into it) and with size-1
+    dims added or left out, in float32 or bfloat16, loaded whole and as
+    each of 2 or 3 shards along every dim: every element equals what torch
+    indexing of the stored tensors gives."""
+    import random
+    rng = random.Random(4)
+    full = [5, 7, 6]
+    for case in range(12):
+        stored, parts = {}, []
+        expected = torch.empty(full)
+        for j, (offset, size) in enumerate(random_tiling(rng, full)):
+            key_shape = [s for s in size if s != 1 or rng.random() < 0.5]
+            if rng.random() < 0.3:
+                key_shape.insert(rng.randint(0, len(key_shape)), 1)
+            pad = [rng.randint(0, 2) for _ in key_shape]
+            key_offset = [rng.randint(0, p) for p in pad]
+            dtype = rng.choice([torch.float32, torch.bfloat16])
+            tensor = torch.randn([s + p for s, p in zip(key_shape, pad)]).to(dtype)
+            stored[f"case{case}.part{j}"] = tensor
+            box = tensor[tuple(slice(o, o + s) for o, s in zip(key_offset, key_shape))]
+            expected[tuple(slice(o, o + s) for o, s in zip(offset, size))] = \
+                box.to(torch.float32).reshape(size)
+            parts.append({"key": f"case{case}.part{j}", "keyOffset": key_offset,
+                          "keyShape": key_shape, "offset": offset, "shape": size})
+        save_file(stored, str(root / f"random{case}.safetensors"))
+        source = {"path": f"models/random{case}.safetensors",
+                  "assemblies": [{"tensor": "t", "parts": parts}]}
+        model = {"tensors": [{"name": "t", "shape": full, "dtype": "float32"}]}
+        _, _, got = materialize(server, model, source)
+        assert m.same_bits(got["t"], expected), case
+        dim, count = rng.randrange(3), rng.choice([2, 3])
+        for index in range(count):
+            model["tensors"][0]["shard"] = {"split": {"dim": dim, "index": index,
+                                                      "count": count}}
+            _, _, got = materialize(server, model, source)
+            want = torch.chunk(expected, count, dim=dim)[index]   # DTensor's split
+            assert m.same_bits(got["t"], want), (case, dim, index)
