@@ -430,19 +430,6 @@ def checkpoint_layout(model, tensors):
     return ordered, assemblies
 
 
-def checkpoint_key_rules(model, keys):
-    """The key rules alone (checkpoint_layout) for a checkpoint whose tensor
-    names are `keys`; CheckpointLayoutError when it holds tensors
-    transformers converts (their shapes are needed to assemble them)."""
-    from materializer.errors import CheckpointLayoutError
-    rules, assemblies = checkpoint_layout(model, {k: () for k in keys})
-    if assemblies:
-        raise CheckpointLayoutError(
-            f"{len(assemblies)} tensors of {type(model).__name__} are assembled from "
-            "several checkpoint tensors; use checkpoint_layout with their shapes")
-    return rules
-
-
 def adapt_checkpoint(model, source, client):
     """`source` (a materializer.Checkpoint) for a Hugging Face `model`,
     with the key rules and assemblies transformers' conversions imply
