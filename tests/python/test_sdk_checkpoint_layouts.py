@@ -95,6 +95,8 @@ def root(tmp_path_factory):
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.1)
         model.save_pretrained(base / name)
+        if name in CONVERTED:   # the experts spread over several files
+            model.save_pretrained(base / f"{name}-sharded", max_shard_size="40KB")
     return base
 
 
@@ -140,6 +142,11 @@ def test_experts_stored_one_by_one_load_as_from_pretrained(server, root, name):
     cls, _ = CONVERTED[name]()
     want = cls.from_pretrained(root / name)
     model, r = hf.from_pretrained(f"models/{name}", server=server.address)
+    assert r.checkpoint.unused_keys == []
+    assert_same_state(model, want)
+    files = sorted(p.name for p in (root / f"{name}-sharded").glob("*.safetensors"))
+    assert len(files) >= 3, files
+    model, r = hf.from_pretrained(f"models/{name}-sharded", server=server.address)
     assert r.checkpoint.unused_keys == []
     assert_same_state(model, want)
     fused = [n for n in want.state_dict() if n.endswith("mlp.experts.gate_up_proj")]
