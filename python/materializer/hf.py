@@ -328,7 +328,11 @@ def checkpoint_layout(model, tensors):
     if found is None:
         return [], {}
     renamings, converters, rename_source_key = found
-    from transformers.core_model_loading import dot_natural_key
+    try:   # the order transformers collects a converter's tensors in
+        from transformers.core_model_loading import dot_natural_key
+    except ImportError:
+        def dot_natural_key(key):
+            return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split(".")]
     state = model.state_dict(keep_vars=True)
     prefix = getattr(model, "base_model_prefix", None)
     by_pattern = {p: c for c in converters for p in c.source_patterns}
