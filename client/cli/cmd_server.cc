@@ -59,17 +59,24 @@ absl::Status MissingReplicas(const std::vector<FromReplica<T>>& each) {
 
 void PrintStats(std::ostream& out, const v1::GetStatsResponse& stats,
                 const std::string& me) {
-  Table devices(
-      {"DEVICE", "CAPACITY", "RESERVED", "IN USE", "PEAK", "HANDLES"});
-  for (size_t column = 1; column <= 5; ++column) {
+  // Pages of released handles that trainers still map (the co-located
+  // load hands them over): a column of their own while there are any, so
+  // that memory counted against capacity and quotas is never unexplained.
+  const bool handed_over = stats.handed_over_bytes() > 0;
+  std::vector<std::string> device_header = {"DEVICE", "CAPACITY", "RESERVED",
+                                            "IN USE", "PEAK", "HANDLES"};
+  if (handed_over) device_header.push_back("HANDED OVER");
+  Table devices(device_header);
+  for (size_t column = 1; column < device_header.size(); ++column) {
     devices.SetAlign(column, Table::Align::kRight);
   }
   for (const v1::DeviceStats& device : stats.devices()) {
-    devices.AddRow({device.device(), FormatBytes(device.capacity_bytes()),
-                    FormatBytes(device.reserved_bytes()),
-                    FormatBytes(device.in_use_bytes()),
-                    FormatBytes(device.peak_bytes()),
-                    absl::StrCat(device.handles())});
+    std::vector<std::string> row = {
+        device.device(), FormatBytes(device.capacity_bytes()),
+        FormatBytes(device.reserved_bytes()), FormatBytes(device.in_use_bytes()),
+        FormatBytes(device.peak_bytes()), absl::StrCat(device.handles())};
+    if (handed_over) row.push_back(FormatBytes(device.handed_over_bytes()));
+    devices.AddRow(row);
   }
   out << devices.Render() << "\n";
   // The server returns the caller's own row (every client's for an admin),
@@ -81,29 +88,37 @@ void PrintStats(std::ostream& out, const v1::GetStatsResponse& stats,
     auto quota = [](uint64_t bytes) {
       return bytes == 0 ? std::string("-") : FormatBytes(bytes);
     };
-    Table clients({"CLIENT", "DEVICE", "RESERVED", "IN USE", "PEAK", "HANDLES",
-                   "QUOTA", "SESSIONS"});
-    for (size_t column = 2; column <= 7; ++column) {
+    std::vector<std::string> client_header = {
+        "CLIENT", "DEVICE", "RESERVED", "IN USE", "PEAK", "HANDLES", "QUOTA",
+        "SESSIONS"};
+    if (handed_over) client_header.push_back("HANDED OVER");
+    Table clients(client_header);
+    for (size_t column = 2; column < client_header.size(); ++column) {
       clients.SetAlign(column, Table::Align::kRight);
     }
     for (const v1::ClientStats& entry : stats.clients()) {
-      clients.AddRow(
-          {entry.client(), "all", FormatBytes(entry.reserved_bytes()),
-           FormatBytes(entry.in_use_bytes()), FormatBytes(entry.peak_bytes()),
-           entry.quota_handles() == 0
-               ? absl::StrCat(entry.handles())
-               : absl::StrCat(entry.handles(), "/", entry.quota_handles()),
-           quota(entry.quota_total_bytes()), absl::StrCat(entry.sessions())});
+      std::vector<std::string> row = {
+          entry.client(), "all", FormatBytes(entry.reserved_bytes()),
+          FormatBytes(entry.in_use_bytes()), FormatBytes(entry.peak_bytes()),
+          entry.quota_handles() == 0
+              ? absl::StrCat(entry.handles())
+              : absl::StrCat(entry.handles(), "/", entry.quota_handles()),
+          quota(entry.quota_total_bytes()), absl::StrCat(entry.sessions())};
+      if (handed_over) row.push_back(FormatBytes(entry.handed_over_bytes()));
+      clients.AddRow(row);
       for (const v1::ClientDeviceStats& device : entry.devices()) {
         if (device.reserved_bytes() == 0 && device.in_use_bytes() == 0 &&
-            device.peak_bytes() == 0) {
+            device.peak_bytes() == 0 && device.handed_over_bytes() == 0) {
           continue;
         }
-        clients.AddRow(
-            {"", device.device(), FormatBytes(device.reserved_bytes()),
-             FormatBytes(device.in_use_bytes()),
-             FormatBytes(device.peak_bytes()), absl::StrCat(device.handles()),
-             quota(device.quota_bytes()), ""});
+        std::vector<std::string> device_row = {
+            "", device.device(), FormatBytes(device.reserved_bytes()),
+            FormatBytes(device.in_use_bytes()), FormatBytes(device.peak_bytes()),
+            absl::StrCat(device.handles()), quota(device.quota_bytes()), ""};
+        if (handed_over) {
+          device_row.push_back(FormatBytes(device.handed_over_bytes()));
+        }
+        clients.AddRow(device_row);
       }
     }
     out << clients.Render();

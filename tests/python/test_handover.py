@@ -128,6 +128,36 @@ def test_a_released_handle_stays_counted_while_the_trainer_maps_it(srv):
     srv.assert_idle()
 
 
+def test_matctl_stats_shows_the_handed_over_bytes_per_device(srv):
+    """An operator reading `matctl stats` sees where the memory counted
+    against the capacity is: a HANDED OVER column while a trainer maps
+    released pages, none once it lets go."""
+    matctl = os.environ.get("MATCTL", os.path.join(serverproc.REPO, "bazel-bin", "client",
+                                                   "matctl"))
+
+    def stats():
+        out = subprocess.run([matctl, f"--server={srv.address}", "stats"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    trainer = Trainer(srv)
+    try:
+        text = stats()
+        header = next(line for line in text.splitlines() if line.startswith("DEVICE"))
+        assert header.split()[-2:] == ["HANDED", "OVER"], text
+        cpu = next(line for line in text.splitlines() if line.startswith("cpu "))
+        assert cpu.split()[-2:] == ["64.00", "MiB"], text
+        assert "handed over: 64.00 MiB" in text
+        trainer.say("drop", "dropped")
+        assert wait_for(srv, lambda b: b == 0), handed_over(srv)
+        text = stats()
+        assert "HANDED OVER" not in text and "handed over" not in text, text
+    finally:
+        trainer.kill()
+    srv.assert_idle()
+
+
 def test_a_killed_trainer_frees_its_handed_over_bytes(srv):
     trainer = Trainer(srv)
     assert handed_over(srv) == MODEL_BYTES
