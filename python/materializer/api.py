@@ -15,7 +15,8 @@ import time
 import torch
 
 from materializer import capture, hf
-from materializer.checkpoint import CheckpointReport, as_checkpoint, for_tensors
+from materializer.checkpoint import (CheckpointReport, as_checkpoint, check_assembled,
+                                     for_tensors)
 from materializer.client import Client
 from materializer.errors import LoadError, RpcError, in_call
 from materializer.load import (Targets, check_loaded, copy_cuda_ipc, device_uuid,
@@ -264,6 +265,7 @@ def materialize(model, server=None, *, client=None, tls=None, token=None,
                 reports.append(resp.checkpoint)
                 t_mat = time.perf_counter()
                 try:
+                    check_assembled(source_pb, resp.checkpoint)
                     mode, to_close = _load(
                         client, handle, spec, targets, device, mode, transport, progress,
                         verify, streams, dests=early, keep_handle=keep_handle,
@@ -421,8 +423,10 @@ def _stream_parts(client, parts, where, targets, device, label, progress, verify
     current = server_device = first_ready = None
     try:
         for k, part in enumerate(parts):
+            sent = following.checkpoint
             resp = following.result()
             following, current = None, resp.handle
+            check_assembled(sent, resp.checkpoint)
             if reports is not None:
                 reports.append(resp.checkpoint)
             if first_ready is None:
@@ -473,6 +477,11 @@ class _MaterializePart:
         self._resp = self._error = None
         self._done = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="materializer-part").start()
+
+    @property
+    def checkpoint(self):
+        """The CheckpointSource this part sends (its own assemblies only)."""
+        return self._checkpoint
 
     def _run(self):
         try:

@@ -81,6 +81,24 @@ def for_tensors(source_pb, names):
     return part
 
 
+def check_assembled(source_pb, report):
+    """Raises CheckpointLayoutError unless the server built every tensor
+    `source_pb` (what one Materialize sent) asked it to assemble: a server
+    older than assemblies ignores them, reports 0, and would have left
+    those tensors to their inits (random experts, without an error)."""
+    sent = len(source_pb.assemblies) if source_pb is not None else 0
+    if sent and report.tensors_assembled != sent:
+        from materializer.errors import CheckpointLayoutError
+        names = ", ".join(a.tensor for a in source_pb.assemblies[:3])
+        raise CheckpointLayoutError(
+            f"the server assembled {report.tensors_assembled} of the {sent} tensors this "
+            f"load needs built from several checkpoint tensors ({names}"
+            f"{', ...' if sent > 3 else ''}); a server older than assemblies ignores them "
+            "and those tensors would have kept their random init. Upgrade the server; "
+            "the handle was released")
+    return report
+
+
 def as_checkpoint(value):
     """None, a path, or a Checkpoint -> a Checkpoint or None."""
     if value is None or isinstance(value, Checkpoint):

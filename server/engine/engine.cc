@@ -489,6 +489,7 @@ absl::StatusOr<v1::MaterializeResponse> Engine::Materialize(
   if (load_plan != nullptr) {
     v1::CheckpointReport* report = response.mutable_checkpoint();
     report->set_tensors_loaded(load_plan->tensors_loaded);
+    report->set_tensors_assembled(load_plan->tensors_assembled);
     uint32_t own = 0;
     for (const spec::TensorDesc& t : handle->spec().tensors) {
       if (t.tie_root < 0) ++own;

@@ -340,6 +340,7 @@ absl::StatusOr<LoadPlan> PlanLoad(const v1::CheckpointSource& source,
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!plan.sources_of_tensor[i].empty()) {
       ++plan.tensors_loaded;
+      ++plan.tensors_assembled;
       for (const LoadSource& s : plan.sources_of_tensor[i]) {
         taker[s.entry] = kAssembled;
       }

@@ -69,6 +69,8 @@ struct LoadPlan {
   // Checkpoint keys no tensor maps to, sorted.
   std::vector<std::string> unused_keys;
   uint32_t tensors_loaded = 0;
+  // Of tensors_loaded, those built from CheckpointSource.assemblies.
+  uint32_t tensors_assembled = 0;
 };
 
 // At most this many key rules (SAM 3's tracker, saved by save_pretrained,

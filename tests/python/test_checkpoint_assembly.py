@@ -135,6 +135,7 @@ def test_assembled_tensors_equal_torch_stack_cat_and_chunk(server, stored):
     for name, want in expected(stored).items():
         assert m.same_bits(got[name], want), name
     assert resp.checkpoint.tensors_loaded == 6
+    assert resp.checkpoint.tensors_assembled == 5   # norm.weight is read by name
     assert resp.checkpoint.tensors_initialized == 0
     assert list(resp.checkpoint.unused_keys) == []
     init = {t.name: t.init for t in info.tensors}

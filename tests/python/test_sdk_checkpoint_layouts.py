@@ -211,3 +211,29 @@ def test_a_config_with_special_floats_is_read_as_transformers_reads_it(server, r
     assert r.checkpoint.unused_keys == []
     assert_same_state(got, want)
     server.assert_idle()
+
+
+def test_a_server_that_ignores_assemblies_is_caught_and_nothing_is_held(server, monkeypatch):
+    """A server older than assemblies ignores the field (an unknown proto3
+    field) and would leave the fused experts to their random inits. Played
+    here by dropping the assemblies on their way out: the SDK compares the
+    number of tensors the server reports assembled with what it sent, and
+    refuses, releasing the handle, in one handle and in parts."""
+    from materializer.client import client as client_module
+    real = client_module.Client.materialize
+
+    def older_server(self, model, placement=None, *, checkpoint=None, **kwargs):
+        if checkpoint is not None:
+            stripped = type(checkpoint)()
+            stripped.CopyFrom(checkpoint)
+            del stripped.assemblies[:]
+            checkpoint = stripped
+        return real(self, model, placement, checkpoint=checkpoint, **kwargs)
+
+    monkeypatch.setattr(client_module.Client, "materialize", older_server)
+    for kwargs in ({}, {"transport": "stream", "part_bytes": 64 << 10}):
+        cls, config = CONVERTED["mixtral"]()
+        with pytest.raises(mz.CheckpointLayoutError, match=r"assembled 0 of the \d+ tensors"):
+            mz.materialize(hf.from_config(config, cls), server=server.address,
+                           checkpoint="models/mixtral", **kwargs)
+        server.assert_idle()
