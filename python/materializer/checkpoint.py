@@ -118,6 +118,8 @@ class CheckpointReport:
         reports = list(reports)
         self.tensors_loaded = sum(r.tensors_loaded for r in reports)
         self.tensors_initialized = sum(r.tensors_initialized for r in reports)
+        # Of tensors_loaded, those built from assemblies.
+        self.tensors_assembled = sum(r.tensors_assembled for r in reports)
         self.bytes_read_from_files = sum(r.bytes_read_from_files for r in reports)
         self.bytes_from_cache = sum(r.bytes_from_cache for r in reports)
         # A key is unused only if no part used it.

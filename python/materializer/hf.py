@@ -309,6 +309,114 @@ class _Boxes:
         raise _NotBoxes(getattr(func, "__name__", str(func)))
 
 
+# A conversion that reorders the elements of one stored tensor is traced
+# on its element indices up to this size (a vision tower's projections;
+# not a model's experts, which are refused).
+_MAX_TRACED_ELEMENTS = 1 << 24
+
+
+def _unravel(flat, shape):
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return index[::-1]
+
+
+def _run_parts(key, shape, out_shape, flat):
+    """Parts for a reordering `flat` (the stored element index of each
+    element of the result, in order): one per maximal run that is
+    contiguous in the stored tensor and stays within one row of each."""
+    from materializer.checkpoint import MAX_PARTS_PER_TENSOR
+    row = shape[-1] if shape else 1
+    cols = out_shape[-1] if out_shape else 1
+    n = flat.numel()
+    i = torch.arange(1, n)
+    cut = (flat[1:] != flat[:-1] + 1) | (i % cols == 0) | (flat[1:] % row == 0)
+    starts = [0] + (cut.nonzero().flatten() + 1).tolist()
+    if len(starts) > MAX_PARTS_PER_TENSOR:
+        raise _NotBoxes(f"the reordering of {key} needs {len(starts):,} parts, more than "
+                        f"the server's {MAX_PARTS_PER_TENSOR:,}")
+    parts = []
+    for p0, p1 in zip(starts, starts[1:] + [n]):
+        length = p1 - p0
+        parts.append([key, _unravel(int(flat[p0]), shape), [1] * (len(shape) - 1) + [length],
+                      _unravel(p0, out_shape), [1] * (len(out_shape) - 1) + [length]])
+    return parts
+
+
+def _traced_parts(converter, pattern, name, key, shape, model, state):
+    """{target: parts} for a conversion of the one stored tensor `key`
+    that reorders its elements (PermuteForRope, Interleave): transformers'
+    conversion runs on the tensor's element indices (int64), and each row
+    of a result (or run of rows, for matrices) that holds a contiguous run
+    of one row of the stored tensor becomes a part. The parts are checked
+    to rebuild every index. Raises _NotBoxes, saying why, for a tensor
+    too large to trace, a result that is not a reordering (arithmetic, a
+    value used twice) or one that needs more parts than the server takes."""
+    from materializer.checkpoint import MAX_PARTS_PER_TENSOR
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel > _MAX_TRACED_ELEMENTS:
+        raise _NotBoxes(f"{key} has {numel:,} elements, more than the "
+                        f"{_MAX_TRACED_ELEMENTS:,} a reordering is traced for")
+    conv = copy.deepcopy(converter)
+    conv.add_tensor(name, key, pattern, torch.arange(numel, dtype=torch.int64).view(shape))
+    with torch.no_grad():
+        out = conv.convert(name, model=model, config=model.config)
+    found, seen = {}, 0
+    row = shape[-1] if shape else 1
+    for target, t in out.items():
+        want = tuple(state[target].shape) if target in state else None
+        if (not isinstance(t, torch.Tensor) or t.dtype != torch.int64
+                or tuple(t.shape) != want):
+            raise _NotBoxes(f"{target} is not a reordering of {key}")
+        flat = t.reshape(-1)
+        if flat.numel() == 0:
+            continue       # nothing to read
+        if (int(flat.min()) < 0 or int(flat.max()) >= numel
+                             or torch.unique(flat).numel() != flat.numel()):
+            raise _NotBoxes(f"{target} is not a reordering of {key}")
+        seen += flat.numel()
+        out_shape = list(t.shape)
+        cols = out_shape[-1] if out_shape else 1
+        rows = flat.numel() // cols if cols else 0
+        m = flat.view(rows, cols)
+        starts = m[:, 0]
+        if ((cols > 1 and not bool((m[:, 1:] - m[:, :-1] == 1).all()))
+                or bool(((starts % row) + cols > row).any())):
+            # Rows that are no run of one stored row: runs within them.
+            found[target] = _run_parts(key, shape, out_shape, flat)
+            continue
+        # Rows that continue each other in the stored matrix merge.
+        merge = len(out_shape) == 2 and len(shape) == 2 and cols == row
+        breaks = ((starts[1:] != starts[:-1] + row).nonzero().flatten() + 1).tolist() \
+            if merge else list(range(1, rows))
+        if len(breaks) + 1 > MAX_PARTS_PER_TENSOR:
+            raise _NotBoxes(f"{target} needs {len(breaks) + 1:,} parts, more than the "
+                            f"server's {MAX_PARTS_PER_TENSOR:,}")
+        parts, rebuilt = [], torch.empty_like(flat)
+        for r0, r1 in zip([0] + breaks, breaks + [rows]):
+            a = int(starts[r0])
+            n = r1 - r0 if merge else 1
+            if merge:
+                t_shape, k_shape = [n, cols], [n, cols]
+            else:
+                t_shape = [1] * (len(out_shape) - 1) + [cols] if out_shape else []
+                k_shape = [1] * (len(shape) - 1) + [cols] if shape else []
+            parts.append([key, _unravel(a, shape), k_shape,
+                          _unravel(r0 * cols, out_shape), t_shape])
+            rebuilt[r0 * cols:(r0 + n) * cols] = torch.arange(n * cols).view(n, cols) \
+                .add_(torch.arange(n).view(n, 1) * (row - cols)).view(-1) + a
+        if not torch.equal(rebuilt, flat):
+            raise _NotBoxes(f"{target}: the parts do not rebuild the reordering of {key}")
+        found[target] = parts
+    if seen != numel:
+        raise _NotBoxes(f"the results use {seen:,} of the {numel:,} elements of {key}")
+    return found
+
+
 def checkpoint_layout(model, tensors):
     """How the server reads a checkpoint of `model` as transformers'
     from_pretrained reads it, given the checkpoint's tensors `tensors`
@@ -339,6 +447,7 @@ def checkpoint_layout(model, tensors):
     renamed = {}      # module name -> checkpoint key
     converting = {}   # module name -> a converter collecting its keys
     keys_of = {}      # module name -> the checkpoint keys it converts
+    pattern_of = {}   # module name -> the source pattern that matched first
     for key in sorted(tensors, key=dot_natural_key):
         name, pattern = rename_source_key(key, renamings, converters, prefix, state)
         if name not in state and key in state:   # as transformers falls back
@@ -346,6 +455,7 @@ def checkpoint_layout(model, tensors):
         if name not in state:
             continue
         if pattern is not None:
+            pattern_of.setdefault(name, pattern)
             conv = converting.setdefault(name, copy.deepcopy(by_pattern[pattern]))
             conv.add_tensor(name, key, pattern, _Boxes.whole(key, list(tensors[key])))
             keys_of.setdefault(name, []).append(key)
@@ -359,9 +469,22 @@ def checkpoint_layout(model, tensors):
                 out = conv.convert(name, model=model, config=model.config)
         except Exception as e:  # noqa: BLE001 - every failure is a refusal naming it
             why = f"{ops}: {e}" if isinstance(e, _NotBoxes) else f"{ops}"
+            if len(keys_of[name]) == 1:
+                # A reordering of one stored tensor (a rotary permutation,
+                # an interleave): traced element by element.
+                key = keys_of[name][0]
+                try:
+                    assemblies.update(_traced_parts(
+                        by_pattern[pattern_of[name]], pattern_of[name], name, key,
+                        list(tensors[key]), model, state))
+                    continue
+                except Exception as traced:  # noqa: BLE001 - refused, naming why
+                    why = f"{ops}: {traced}" if isinstance(traced, _NotBoxes) else why
             refused[name] = (keys_of[name], why)
             continue
         for target, boxes in out.items():
+            if isinstance(boxes, _Boxes) and boxes.shape.numel() == 0:
+                continue   # nothing to read
             if (target not in state or not isinstance(boxes, _Boxes)
                     or tuple(boxes.shape) != tuple(state[target].shape)):
                 refused[name] = (keys_of[name], ops)

@@ -178,19 +178,49 @@ def _shapes(folder):
     return shapes
 
 
-def test_a_conversion_no_boxes_express_is_refused_before_anything_is_held(server, root):
-    """An interleave is no set of boxes: Inkling 2's experts (gate and up
-    stored interleaved) are refused naming the tensors and the operation,
-    before a byte is read."""
+@pytest.mark.parametrize("cls_name", ["Inkling2TextModel", "Step3p7Model"])
+def test_a_reordering_of_one_stored_tensor_is_traced_and_loads_as_from_pretrained(
+        server, root, cls_name):
+    """Interleave (Inkling 2's experts: gate and up stored interleaved) and
+    PermuteForRope after a Chunk (Step 3.7's vision attention: q, k, v in
+    one stored tensor, q and k in the rotary layout of the checkpoint) are
+    no stacks or cuts: the SDK runs transformers' conversion on the stored
+    tensor's element indices and sends the runs it finds as parts."""
     from hf_checkpoint_sweep import small_model
-    model = small_model(tf.Inkling2TextModel)
-    model.save_pretrained(root / "inkling2")
+    cls = getattr(tf, cls_name)
+    torch.manual_seed(7)
+    model = small_model(cls)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(root / cls_name)
+    want = cls.from_pretrained(root / cls_name)
+    got, r = hf.from_pretrained(f"models/{cls_name}", server=server.address)
+    assert r.checkpoint.unused_keys == []
+    assert r.checkpoint.tensors_assembled > 0
+    assert_same_state(got, want)
+    server.assert_idle()
+
+
+def test_what_cannot_be_traced_is_refused_before_anything_is_held(server, root, monkeypatch):
+    """Two stored tensors merged by arithmetic-free but multi-input code
+    (Inkling 2 Loop's message queries), and a reordering of a tensor larger
+    than the SDK traces: refused naming the tensors and why, before a byte
+    is read."""
+    from hf_checkpoint_sweep import small_model
+    model = small_model(tf.Inkling2LoopTextModel)
+    model.save_pretrained(root / "inkling2-loop")
     read_before = server.stats().checkpoint_cache.bytes_read_from_files
     with pytest.raises(mz.CheckpointLayoutError) as e:
-        hf.from_pretrained("models/inkling2", server=server.address)
+        hf.from_pretrained("models/inkling2-loop", server=server.address)
     message = str(e.value)
-    assert "mlp.experts.gate_up_proj" in message and "Interleave" in message, message
+    assert "message_input.query" in message and "Inkling2LoopMergeMessageQueries" in message
     assert "random init" in message
+    if not (root / "Inkling2TextModel").exists():
+        small_model(tf.Inkling2TextModel).save_pretrained(root / "Inkling2TextModel")
+    monkeypatch.setattr(hf, "_MAX_TRACED_ELEMENTS", 16)
+    with pytest.raises(mz.CheckpointLayoutError, match=r"elements, more than the 16 "):
+        hf.from_pretrained("models/Inkling2TextModel", server=server.address)
     server.assert_idle()
     assert server.stats().checkpoint_cache.bytes_read_from_files == read_before
 
