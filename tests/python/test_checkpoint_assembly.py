@@ -7,7 +7,6 @@ torch.chunk make of the stored tensors, bit for bit (and after a bfloat16
 box, and every malformed assembly is refused naming the field with
 nothing held."""
 
-import json
 
 import pytest
 import torch
@@ -119,15 +118,7 @@ def checkpoint(path="models/moe.safetensors", assemblies=None, **extra):
 
 
 def materialize(server, model_spec, source):
-    req = {"model": model_spec, "checkpoint": source}
-    resp = server.materialize(server.parse_request(json.dumps(req)), CLIENT)
-    try:
-        info = server.describe(resp.handle, CLIENT)
-        blob = server.fetch(resp.handle, CLIENT, include_non_persistent=True)
-    finally:
-        server.release(resp.handle, CLIENT)
-    server.assert_idle(client=CLIENT)
-    return resp, info, m.load_safetensors(blob)
+    return m.materialize_from_checkpoint(server, model_spec, source, CLIENT)
 
 
 def test_assembled_tensors_equal_torch_stack_cat_and_chunk(server, stored):

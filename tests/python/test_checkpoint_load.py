@@ -86,15 +86,7 @@ def rpc_error_text(call):
 
 
 def materialize(server, model_spec, checkpoint, client=CLIENT):
-    req = {"model": model_spec, "checkpoint": checkpoint}
-    resp = server.materialize(server.parse_request(json.dumps(req)), client)
-    try:
-        info = server.describe(resp.handle, client)
-        blob = server.fetch(resp.handle, client, include_non_persistent=True)
-    finally:
-        server.release(resp.handle, client)
-    server.assert_idle(client=client)
-    return resp, info, m.load_safetensors(blob)
+    return m.materialize_from_checkpoint(server, model_spec, checkpoint, client)
 
 
 @pytest.mark.parametrize("folder", ["gpt2-st", "gpt2-sharded", "gpt2-bin"])

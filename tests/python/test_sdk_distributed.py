@@ -38,6 +38,20 @@ def run_ranks(world, mode, address, tmp_path, transport_env=None, checkpoint=Non
     return [torch.load(o) for o in outs]
 
 
+def assert_slices(ranks, state, replicated):
+    """Each rank's local tensor equals its box of the full tensor in
+    `state`; the boxes cover every element once, or once per rank for the
+    names `replicated` accepts."""
+    for name, want in state.items():
+        covered = torch.zeros(want.shape, dtype=torch.int32)
+        for r, saved in enumerate(ranks):
+            box, local, _ = saved[name]
+            index = tuple(slice(o, o + n) for o, n in box)
+            assert torch.equal(local, want[index]), (name, r)
+            covered[index] += 1
+        assert torch.all(covered == (len(ranks) if replicated(name) else 1)), name
+
+
 def full_model(address, padding):
     with torch.device("meta"):
         model = Net(padding=padding)
@@ -158,14 +172,7 @@ def test_ranks_load_their_slices_of_a_checkpoint_read_once(checkpoint_server, tm
         read = server.stats().checkpoint_cache.bytes_read_from_files - before
         assert read == (file_bytes if world == 2 else 0), (world, read)
         assert sum(saved["__read__"] for saved in ranks) == read
-        for name, want in state.items():
-            covered = torch.zeros(want.shape, dtype=torch.int32)
-            for r, saved in enumerate(ranks):
-                box, local, _ = saved[name]
-                index = tuple(slice(o, o + l) for o, l in box)
-                assert torch.equal(local, want[index]), (name, r)
-                covered[index] += 1
-            assert torch.all(covered == (world if name == "emb.weight" else 1)), name
+        assert_slices(ranks, state, replicated=lambda name: name == "emb.weight")
     server.assert_idle()
 
 
@@ -194,13 +201,6 @@ def test_ranks_of_a_mixture_of_experts_model_get_their_experts(tmp_path):
                               checkpoint="models/mixtral")
             read = srv.stats().checkpoint_cache.bytes_read_from_files - before
             assert read == (file_bytes if world == 2 else 0), (world, read)
-            for name, full in want.items():
-                covered = torch.zeros(full.shape, dtype=torch.int32)
-                for r, saved in enumerate(ranks):
-                    box, local, _ = saved[name]
-                    index = tuple(slice(o, o + n) for o, n in box)
-                    assert torch.equal(local, full[index]), (name, r)
-                    covered[index] += 1
-                sharded = name.endswith(("gate_up_proj", "down_proj"))
-                assert torch.all(covered == (1 if sharded else world)), name
+            assert_slices(ranks, want, replicated=lambda name: not name.endswith(
+                ("gate_up_proj", "down_proj")))
         srv.assert_idle()
