@@ -66,7 +66,10 @@ class PendingTensorDigests {
 //
 // File digest (per_tensor false): known already (cached from an earlier
 // fetch or DescribeFile), or computed while streaming and then handed to
-// `on_computed` (which caches it); the last chunk carries it.
+// `on_computed` (which caches it); the last chunk carries it. A host
+// arena's file is hashed on a thread of its own, from the first byte,
+// while the chunks go out (`hash_ahead`, unless no thread can be had); a
+// CUDA arena's, or with `hash_ahead` false, by Next, chunk by chunk.
 //
 // Per-tensor digests (per_tensor true): every tensor of the file in file
 // order, in `tensors` if known when the stream opens, else from `pending`
@@ -75,6 +78,7 @@ class PendingTensorDigests {
 struct FileDigest {
   std::string known;
   std::function<void(const std::string& digest)> on_computed;
+  bool hash_ahead = true;
   bool per_tensor = false;
   std::vector<NamedDigest> tensors;
   std::unique_ptr<PendingTensorDigests> pending;
@@ -163,8 +167,10 @@ class WeightStream {
   FileDigest digest_;
   // Per-tensor digests: entries of digest_.tensors already sent.
   size_t digests_sent_ = 0;
-  // Whole-file hashing, when the digest is not known: bytes [0, hashed_)
-  // are in hasher_.
+  // Whole-file hashing, when the digest is not known: on a thread of its
+  // own (ahead_), else here, bytes [0, hashed_) being in hasher_.
+  class HashAhead;
+  std::unique_ptr<HashAhead> ahead_;
   Hasher hasher_;
   uint64_t hashed_ = 0;
 

@@ -105,14 +105,25 @@ std::string StreamAll(const Fixture& f, uint64_t offset, uint32_t chunk_bytes,
   return out;
 }
 
-TEST(WeightStreamTest, ChunksReferenceTheArenaAndEndWithTheFileDigest) {
+// Both ways of hashing the file: on a thread of its own ahead of the
+// stream (the default for host arenas), and chunk by chunk in Next.
+class FileHashingTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(HashAhead, FileHashingTest, ::testing::Bool());
+
+FileDigest Unknown(bool hash_ahead) {
+  FileDigest digest;
+  digest.hash_ahead = hash_ahead;
+  return digest;
+}
+
+TEST_P(FileHashingTest, ChunksReferenceTheArenaAndEndWithTheFileDigest) {
   for (v1::WeightFormat format :
        {v1::WEIGHT_FORMAT_SAFETENSORS, v1::WEIGHT_FORMAT_TORCH,
         v1::WEIGHT_FORMAT_RAW}) {
     Fixture f = Make(format);
     const std::string whole = WholeFile(f);
     std::string cached;
-    FileDigest digest;
+    FileDigest digest = Unknown(GetParam());
     digest.on_computed = [&](const std::string& d) { cached = d; };
     std::string last_digest;
     int arena_pieces = 0;
@@ -128,7 +139,7 @@ TEST(WeightStreamTest, ChunksReferenceTheArenaAndEndWithTheFileDigest) {
   }
 }
 
-TEST(WeightStreamTest, AResumedStreamSendsTheRestAndTheWholeFilesDigest) {
+TEST_P(FileHashingTest, AResumedStreamSendsTheRestAndTheWholeFilesDigest) {
   Fixture f = Make(v1::WEIGHT_FORMAT_SAFETENSORS);
   const std::string whole = WholeFile(f);
   const std::string expected =
@@ -136,10 +147,26 @@ TEST(WeightStreamTest, AResumedStreamSendsTheRestAndTheWholeFilesDigest) {
   for (uint64_t offset : {uint64_t{1}, uint64_t{777777}, whole.size() - 1,
                           uint64_t{whole.size()}}) {
     std::string last_digest;
-    EXPECT_EQ(StreamAll(f, offset, 4096, FileDigest(), &last_digest),
+    EXPECT_EQ(StreamAll(f, offset, 4096, Unknown(GetParam()), &last_digest),
               whole.substr(offset));
     EXPECT_EQ(last_digest, expected) << offset;
   }
+}
+
+TEST_P(FileHashingTest, AStreamClosedMidwayCachesNoDigestAndHoldsNothing) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_SAFETENSORS);
+  bool computed = false;
+  FileDigest digest = Unknown(GetParam());
+  digest.on_computed = [&](const std::string&) { computed = true; };
+  auto stream =
+      WeightStream::Open(f.arena, f.file, 0, 4096, std::move(digest)).value();
+  WeightStream::Chunk chunk;
+  ASSERT_OK(stream->Next(&chunk));
+  chunk = WeightStream::Chunk();
+  f.arena.reset();
+  stream.reset();  // the client went away; the hashing thread is joined
+  EXPECT_FALSE(computed);
+  EXPECT_EQ(f.pool->Snapshot().total.in_use_bytes, 0u);
 }
 
 TEST(WeightStreamTest, AKnownDigestIsSentAsIs) {

@@ -217,7 +217,8 @@ def _tail(path, n=40):
 
 @contextlib.contextmanager
 def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
-                   log_level="warning", connect=True, shm_pool="0"):
+                   log_level="warning", connect=True, shm_pool="0",
+                   binary=None):
     """A materializerd on 127.0.0.1:0 with `extra_args`, as a Server; stopped
     (SIGTERM, checked clean exit) on leaving the block. With connect=False
     (a TLS server) the Server carries only the address and process.
@@ -225,17 +226,19 @@ def running_server(extra_args=(), cpu_capacity="8GiB", devices="cpu",
     `shm_pool` is its --shm_pool_bytes: "0" by default, so that a test sees
     only the shared memory its own handles hold (the adaptive pool would
     refill /dev/shm a second after each export); None leaves the binary's
-    default ("auto"), for the tests of that default."""
+    default ("auto"), for the tests of that default. `binary` runs another
+    build than MATERIALIZERD's (a benchmark's baseline)."""
     pb, pb_grpc = import_protos()
-    if not os.path.exists(SERVER_BIN):
+    binary = binary or SERVER_BIN
+    if not os.path.exists(binary):
         pytest.fail(
-            f"server binary not found at {SERVER_BIN}: run `./dev test` "
+            f"server binary not found at {binary}: run `./dev test` "
             "(it builds //server:materializerd first), or set MATERIALIZERD",
             pytrace=False)
 
     log = tempfile.NamedTemporaryFile(prefix="materializerd-", suffix=".log",
                                       delete=False)
-    cmd = [SERVER_BIN, "--listen=127.0.0.1:0", f"--devices={devices}",
+    cmd = [binary, "--listen=127.0.0.1:0", f"--devices={devices}",
            f"--cpu_capacity={cpu_capacity}", f"--log_level={log_level}",
            *extra_args]
     if shm_pool is not None and not any(
