@@ -1,5 +1,6 @@
 #include "server/delivery/digest.h"
 
+#include <libdeflate.h>
 #include <xxhash.h>
 #include <zlib.h>
 
@@ -138,9 +139,14 @@ std::optional<Digest128> HashBytesWithKernel(HashKernel kind, const void* data,
 }
 
 uint32_t Crc32(const void* data, size_t length, uint32_t crc) {
-  const auto* bytes = static_cast<const Bytef*>(data);
-  // zlib takes 32-bit lengths in crc32(); crc32_z takes size_t.
-  return static_cast<uint32_t>(crc32_z(crc, bytes, length));
+  // libdeflate, as zlib, answers a null buffer with the initial value 0.
+  if (length == 0) return crc;
+  return libdeflate_crc32(crc, data, length);
+}
+
+uint32_t Crc32Combine(uint32_t first, uint32_t second, uint64_t second_length) {
+  return static_cast<uint32_t>(
+      crc32_combine64(first, second, static_cast<z_off64_t>(second_length)));
 }
 
 std::array<unsigned char, 16> CanonicalBytes(const Digest128& digest) {

@@ -153,6 +153,21 @@ TEST(Crc32Test, MatchesZlibAndContinues) {
   EXPECT_EQ(Crc32(pattern.data() + 100, pattern.size() - 100,
                   Crc32(pattern.data(), 100)),
             0xbbce3b9du);
+  EXPECT_EQ(Crc32(nullptr, 0, 0x352441c2u), 0x352441c2u);
+}
+
+TEST(Crc32Test, PiecesCombineIntoTheWholesCrc) {
+  std::string data;
+  for (int i = 0; i < 3 << 20; ++i) data.push_back(static_cast<char>(i * 31 + 7));
+  const uint32_t whole = Crc32(data.data(), data.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20,
+                     data.size() - 1, data.size()}) {
+    EXPECT_EQ(Crc32Combine(Crc32(data.data(), cut),
+                           Crc32(data.data() + cut, data.size() - cut),
+                           data.size() - cut),
+              whole)
+        << cut;
+  }
 }
 
 }  // namespace

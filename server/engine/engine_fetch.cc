@@ -225,22 +225,55 @@ uint64_t HandleFingerprint(const registry::HandleSpec& spec,
   return sum;
 }
 
+// Per-tensor CRC-32s (the torch format's zip entries need them before
+// their data) in spec order; tied tensors repeat their root's. Each tensor
+// is cut into pieces of at most kCrcPieceBytes, checked in parallel on
+// `threads` threads (host arenas) and combined in order, so that one big
+// tensor uses every core.
+constexpr uint64_t kCrcPieceBytes = uint64_t{64} << 20;
+
 absl::StatusOr<std::shared_ptr<const registry::Handle::Crcs>> TensorCrcs(
     const registry::Handle& handle, const memory::Arena& arena,
-    const Cancelled& cancelled) {
+    const Cancelled& cancelled, int threads) {
   return handle.TensorCrcs([&]() -> absl::StatusOr<registry::Handle::Crcs> {
     const registry::HandleSpec& spec = handle.spec();
-    registry::Handle::Crcs crcs(spec.tensors.size());
+    struct CrcPiece {
+      size_t tensor;
+      uint64_t offset;  // in the tensor
+      uint64_t length;
+      uint32_t crc = 0;
+    };
+    std::vector<CrcPiece> pieces;
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
       if (spec.tensors[i].tie_root >= 0) continue;
-      RETURN_IF_ERROR(CheckCancelled(cancelled));
-      uint32_t crc = 0;
-      RETURN_IF_ERROR(ScanArena(arena, spec.layout.offsets[i],
-                                spec.tensors[i].nbytes, cancelled,
-                                [&](const char* data, uint64_t n) {
-                                  crc = delivery::Crc32(data, n, crc);
-                                }));
-      crcs[i] = crc;
+      const uint64_t nbytes = spec.tensors[i].nbytes;
+      for (uint64_t at = 0; at == 0 || at < nbytes; at += kCrcPieceBytes) {
+        pieces.push_back({i, at, std::min(kCrcPieceBytes, nbytes - at)});
+      }
+    }
+    std::vector<size_t> order(pieces.size());
+    std::vector<uint64_t> bytes(pieces.size());
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      order[k] = k;
+      bytes[k] = pieces[k].length;
+    }
+    RETURN_IF_ERROR(ForEachInParallel(
+        std::move(order), bytes, arena.host_data() != nullptr ? threads : 1,
+        [&](size_t k) -> absl::Status {
+          RETURN_IF_ERROR(CheckCancelled(cancelled));
+          CrcPiece& piece = pieces[k];
+          return ScanArena(
+              arena, spec.layout.offsets[piece.tensor] + piece.offset,
+              piece.length, cancelled, [&](const char* data, uint64_t n) {
+                piece.crc = delivery::Crc32(data, n, piece.crc);
+              });
+        }));
+    registry::Handle::Crcs crcs(spec.tensors.size());
+    for (const CrcPiece& piece : pieces) {  // in order within each tensor
+      crcs[piece.tensor] =
+          piece.offset == 0 ? piece.crc
+                            : delivery::Crc32Combine(crcs[piece.tensor],
+                                                     piece.crc, piece.length);
     }
     for (size_t i = 0; i < spec.tensors.size(); ++i) {
       const int root = spec.tensors[i].tie_root;
@@ -426,7 +459,7 @@ absl::StatusOr<Selection> Select(const registry::Handle& handle,
 }
 
 // The file a request describes, over a READY handle's arena, and its key
-// in the handle's digest cache.
+// in the handle's digest cache. `threads`: for the torch format's CRCs.
 struct BuiltFile {
   std::shared_ptr<const delivery::WeightFile> file;
   registry::Handle::FileKey key;
@@ -435,7 +468,7 @@ struct BuiltFile {
 absl::StatusOr<BuiltFile> BuildFile(const registry::Handle& handle,
                                     const memory::Arena& arena,
                                     const v1::FetchRequest& request,
-                                    const Cancelled& cancelled) {
+                                    const Cancelled& cancelled, int threads) {
   if (!v1::WeightFormat_IsValid(request.format())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "format: unknown format ", request.format(),
@@ -450,7 +483,7 @@ absl::StatusOr<BuiltFile> BuildFile(const registry::Handle& handle,
   ASSIGN_OR_RETURN(Selection selection, Select(handle, request, cancelled));
   std::shared_ptr<const registry::Handle::Crcs> crcs;
   if (request.format() == v1::WEIGHT_FORMAT_TORCH) {
-    ASSIGN_OR_RETURN(crcs, TensorCrcs(handle, arena, cancelled));
+    ASSIGN_OR_RETURN(crcs, TensorCrcs(handle, arena, cancelled, threads));
   }
   const registry::HandleSpec& spec = handle.spec();
   std::vector<delivery::SourceTensor> tensors;
@@ -579,7 +612,8 @@ absl::StatusOr<std::unique_ptr<delivery::WeightStream>> Engine::OpenFetch(
   ASSIGN_OR_RETURN(std::shared_ptr<const memory::Arena> arena,
                    ReadyArena(*handle));
   ASSIGN_OR_RETURN(BuiltFile built,
-                   BuildFile(*handle, *arena, request, cancelled));
+                   BuildFile(*handle, *arena, request, cancelled,
+                             DigestThreads(options_)));
   std::shared_ptr<const delivery::WeightFile> file = std::move(built.file);
   const registry::Handle::FileKey key = built.key;
   delivery::FileDigest digest;
@@ -621,7 +655,8 @@ absl::StatusOr<v1::FileLayout> Engine::DescribeFile(
   ASSIGN_OR_RETURN(std::shared_ptr<const memory::Arena> arena,
                    ReadyArena(*handle));
   ASSIGN_OR_RETURN(BuiltFile built,
-                   BuildFile(*handle, *arena, request, cancelled));
+                   BuildFile(*handle, *arena, request, cancelled,
+                             DigestThreads(options_)));
   const std::shared_ptr<const delivery::WeightFile>& file = built.file;
   if (request.offset() > file->size()) {
     return absl::OutOfRangeError(absl::StrCat("offset: ", request.offset(),

@@ -156,6 +156,30 @@ def test_torch_format_equals_what_torch_save_loads(server, handle, tmp_path):
         assert digest.of_tensor(again[name]) == digest.of_tensor(t), name
 
 
+def test_torch_format_crcs_of_tensors_checked_in_pieces(server):
+    """A tensor the server checks in several pieces (64 MiB each, combined)
+    and one of an odd length after it: every zip CRC-32 right, values as
+    the safetensors file has them."""
+    req = server.parse_request(json.dumps({"model": {"tensors": [
+        {"name": "big", "shape": [(150 << 20) // 4 + 3], "dtype": "float32"},
+        {"name": "odd", "shape": [1001], "dtype": "int16"}],
+        "initRules": [{"pattern": "big", "init": {"normal": {}}},
+                      {"pattern": "odd", "init": {"arange": {}}}],
+        "seed": "3"}}))
+    h = server.materialize(req, client=CLIENT).handle
+    try:
+        blob = blob_of(chunks_of(server, h, format=TORCH))
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            assert archive.testzip() is None  # every CRC-32 is right
+        state = torch.load(io.BytesIO(blob), weights_only=True)
+        reference = safetensors.torch.load(
+            blob_of(chunks_of(server, h, format=SAFETENSORS)))
+        assert torch.equal(state["big"], reference["big"])
+        assert torch.equal(state["odd"], reference["odd"])
+    finally:
+        server.release(h, client=CLIENT)
+
+
 def test_raw_format_is_the_bytes_at_describe_files_offsets(server, handle):
     info = server.describe(handle, client=CLIENT)
     blob = blob_of(chunks_of(server, handle, format=RAW))
