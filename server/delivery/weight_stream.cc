@@ -22,7 +22,25 @@ constexpr uint64_t kCatchUpPerChunk = uint64_t{8} << 20;
 // A hash-ahead thread looks for its stop signal at least this often.
 constexpr uint64_t kHashAheadStep = uint64_t{8} << 20;
 
+// Hash-ahead threads running in the process (at most
+// WeightStream::MaxHashAheadThreads()).
+std::atomic<int> hash_ahead_threads{0};
+
+bool TakeHashAheadSlot() {
+  int now = hash_ahead_threads.load();
+  while (now < WeightStream::MaxHashAheadThreads()) {
+    if (hash_ahead_threads.compare_exchange_weak(now, now + 1)) return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+int WeightStream::MaxHashAheadThreads() {
+  static const int limit =
+      static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
+  return limit;
+}
 
 // The whole file's digest, computed on a thread of its own from byte 0
 // while the stream sends the chunks. On two cores a fetch leaves one core
@@ -48,6 +66,7 @@ class WeightStream::HashAhead {
   ~HashAhead() {
     stop_.store(true);
     thread_.join();
+    hash_ahead_threads.fetch_sub(1);  // the slot its creator took
   }
 
   // Blocks until the whole file is hashed.
@@ -164,12 +183,13 @@ WeightStream::WeightStream(std::shared_ptr<const memory::Arena> arena,
     }
     PrefetchFrom(position_);
   }
+  // Without a free slot or a thread, Next hashes each chunk as it goes.
   if (!digest_.per_tensor && digest_.known.empty() && digest_.hash_ahead &&
-      arena_->host_data() != nullptr) {
+      arena_->host_data() != nullptr && TakeHashAheadSlot()) {
     try {
       ahead_ = std::make_unique<HashAhead>(arena_, file_);
     } catch (const std::system_error&) {
-      // No thread to be had: Next hashes each chunk as it goes.
+      hash_ahead_threads.fetch_sub(1);
     }
   }
 }

@@ -68,8 +68,9 @@ class PendingTensorDigests {
 // fetch or DescribeFile), or computed while streaming and then handed to
 // `on_computed` (which caches it); the last chunk carries it. A host
 // arena's file is hashed on a thread of its own, from the first byte,
-// while the chunks go out (`hash_ahead`, unless no thread can be had); a
-// CUDA arena's, or with `hash_ahead` false, by Next, chunk by chunk.
+// while the chunks go out (`hash_ahead`); a CUDA arena's, with
+// `hash_ahead` false, or while WeightStream::MaxHashAheadThreads() such
+// threads run in the process (or none can be had), by Next, chunk by chunk.
 //
 // Per-tensor digests (per_tensor true): every tensor of the file in file
 // order, in `tensors` if known when the stream opens, else from `pending`
@@ -123,6 +124,15 @@ class WeightStream {
   ~WeightStream();
   WeightStream(const WeightStream&) = delete;
   WeightStream& operator=(const WeightStream&) = delete;
+
+  // Hash-ahead threads the whole process runs at most: one per hardware
+  // thread (at least 2). Beyond it streams hash on the thread that calls
+  // Next, a worker of the client's queue, so a client that opens many
+  // fetches at once gets no more of the CPU than the worker pool gives it.
+  static int MaxHashAheadThreads();
+  // Whether this stream's file digest is being hashed on a thread of its
+  // own (for tests).
+  bool hashing_ahead() const { return ahead_ != nullptr; }
 
   uint64_t total_bytes() const { return file_->size(); }
   uint64_t position() const { return position_; }

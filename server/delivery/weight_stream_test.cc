@@ -1,7 +1,9 @@
 #include "server/delivery/weight_stream.h"
 
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "server/delivery/digest.h"
 #include "server/memory/pool.h"
@@ -151,6 +153,34 @@ TEST_P(FileHashingTest, AResumedStreamSendsTheRestAndTheWholeFilesDigest) {
               whole.substr(offset));
     EXPECT_EQ(last_digest, expected) << offset;
   }
+}
+
+TEST(WeightStreamTest, HashAheadThreadsAreBoundedAndTheRestHashInline) {
+  Fixture f = Make(v1::WEIGHT_FORMAT_SAFETENSORS);
+  const std::string whole = WholeFile(f);
+  const std::string expected =
+      FormatDigest(HashBytes(whole.data(), whole.size()));
+  const int limit = WeightStream::MaxHashAheadThreads();
+  std::vector<std::unique_ptr<WeightStream>> open;
+  for (int i = 0; i <= limit; ++i) {
+    open.push_back(
+        WeightStream::Open(f.arena, f.file, 0, 0, FileDigest()).value());
+  }
+  for (int i = 0; i < limit; ++i) EXPECT_TRUE(open[i]->hashing_ahead()) << i;
+  EXPECT_FALSE(open[limit]->hashing_ahead());
+  // Both kinds end with the file's digest.
+  for (size_t i : {size_t{0}, static_cast<size_t>(limit)}) {
+    std::string last;
+    while (!open[i]->done()) {
+      WeightStream::Chunk chunk;
+      ASSERT_OK(open[i]->Next(&chunk));
+      last = chunk.digest;
+    }
+    EXPECT_EQ(last, expected) << i;
+  }
+  // Stream 0 has finished, so its slot is free again.
+  auto again = WeightStream::Open(f.arena, f.file, 0, 0, FileDigest()).value();
+  EXPECT_TRUE(again->hashing_ahead());
 }
 
 TEST_P(FileHashingTest, AStreamClosedMidwayCachesNoDigestAndHoldsNothing) {
