@@ -6,6 +6,7 @@
 // a tensor is a dense, row-major, little-endian byte range of its file.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct CheckpointTensor {
   // inside the file. Tensors of a torch archive that share a storage (tied
   // weights, views) may have equal or overlapping ranges.
   uint64_t nbytes = 0;
+  // The zip CRC-32 of exactly these bytes, where the file records one: a
+  // torch archive's tensor that is its whole storage. The loader checks it
+  // when it reads them all.
+  std::optional<uint32_t> crc32;
 };
 
 // The most dimensions a checkpoint tensor may have; a file declaring more

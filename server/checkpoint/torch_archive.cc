@@ -49,6 +49,7 @@ std::optional<DType> DTypeOfStorageClass(absl::string_view name) {
 struct Storage {
   uint64_t offset = 0;  // of its data in the file
   uint64_t size = 0;    // bytes
+  uint32_t crc32 = 0;   // the zip entry's
 };
 
 class ArchiveReader {
@@ -180,6 +181,7 @@ class ArchiveReader {
     ASSIGN_OR_RETURN(storage.offset,
                      ZipEntryDataOffset(file_, directory_, *entry, label_));
     storage.size = entry->size;
+    storage.crc32 = entry->crc32;
     storages_.emplace(t.storage_key, storage);
     return storage;
   }
@@ -283,6 +285,9 @@ class ArchiveReader {
                           Quote(t.storage_key)));
     }
     tensor.offset = storage.offset + static_cast<uint64_t>(begin);
+    if (begin == 0 && tensor.nbytes == storage.size) {
+      tensor.crc32 = storage.crc32;
+    }
     return tensor;
   }
 

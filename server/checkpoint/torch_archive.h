@@ -16,7 +16,8 @@
 //
 // Each tensor's range is its bytes inside its storage's entry (storage
 // offset applied). Tensors sharing a storage (tied weights, views) get
-// equal or overlapping ranges. Refused, INVALID_ARGUMENT naming the file
+// equal or overlapping ranges. A tensor that is its whole storage carries
+// the entry's CRC-32 (CheckpointTensor::crc32), for the loader to check. Refused, INVALID_ARGUMENT naming the file
 // (and the tensor where there is one): a file that is not a zip (the
 // legacy pre-1.6 torch.save format included), a TorchScript archive, a
 // compressed entry, a big-endian archive, a value that is not a tensor

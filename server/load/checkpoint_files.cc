@@ -84,6 +84,7 @@ absl::Status AddFile(OpenedFile opened, Format format, Checkpoint* ckpt) {
     entry.shape = std::move(t.shape);
     entry.offset = t.offset;
     entry.nbytes = t.nbytes;
+    entry.crc32 = t.crc32;
     ckpt->entries.push_back(std::move(entry));
   }
   ckpt->files.push_back(std::move(source));

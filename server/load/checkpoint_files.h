@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ struct CheckpointEntry {
   // The tensor's bytes in its file (row-major, contiguous).
   uint64_t offset = 0;
   uint64_t nbytes = 0;
+  // As CheckpointTensor::crc32.
+  std::optional<uint32_t> crc32;
 };
 
 struct Checkpoint {

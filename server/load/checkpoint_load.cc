@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,8 +19,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/common/kernel_threads.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/common/torch_guard.h"
+#include "server/delivery/digest.h"
 #include "server/memory/arena_views.h"
 #include "server/spec/torch_dtype.h"
 
@@ -530,6 +533,9 @@ struct Piece {
   int source = -1;
   int64_t begin = 0;
   int64_t end = 0;
+  // The source reads its entry whole and the file records the entry's
+  // CRC-32: this piece's bytes go into the check.
+  bool check_crc = false;
 };
 
 // The pieces of every loaded tensor: a source whose box is one run of its
@@ -562,9 +568,12 @@ std::vector<Piece> MakePieces(const LoadPlan& plan,
           runs == 1 && host
               ? std::max<int64_t>(1, static_cast<int64_t>(kPieceBytes / item))
               : numel;
+      const bool check_crc =
+          entry.crc32.has_value() &&
+          static_cast<uint64_t>(numel) * item == entry.nbytes;
       for (int64_t b = 0; b < numel; b += step) {
         pieces.push_back({static_cast<int>(i), static_cast<int>(k), b,
-                          std::min(numel, b + step)});
+                          std::min(numel, b + step), check_crc});
       }
     }
   }
@@ -577,10 +586,12 @@ std::vector<Piece> MakePieces(const LoadPlan& plan,
 // Reads one piece into its tensor's arena view. Host views get the bytes
 // in place: copied as they are, or cast block by block straight from the
 // cache's block (no staging). For a GPU view the piece's box is staged in
-// host memory and copied over whole.
+// host memory and copied over whole. With `crc`, the CRC-32 of the bytes
+// read, in file order, continues from *crc.
 absl::Status LoadPiece(const LoadPlan& plan, const Piece& piece,
                        const spec::TensorDesc& t, at::Tensor& view,
-                       RangeCache& cache, RangeCache::Counters* counters) {
+                       RangeCache& cache, RangeCache::Counters* counters,
+                       uint32_t* crc) {
   const LoadSource& source = plan.sources_of_tensor[piece.tensor][piece.source];
   const CheckpointEntry& entry = plan.checkpoint->entries[source.entry];
   const FileSource& file = *plan.checkpoint->files[entry.file];
@@ -626,6 +637,7 @@ absl::Status LoadPiece(const LoadPlan& plan, const Piece& piece,
   char carry[8];
   uint64_t carried = 0;
   auto consume = [&](const char* data, uint64_t n) -> absl::Status {
+    if (crc != nullptr) *crc = delivery::Crc32(data, n, *crc);
     if (carried > 0) {
       const uint64_t take = std::min(item - carried, n);
       std::memcpy(carry + carried, data, take);
@@ -671,6 +683,49 @@ absl::Status LoadPiece(const LoadPlan& plan, const Piece& piece,
   return absl::OkStatus();
 }
 
+// Every entry read whole whose file records its CRC-32 (a torch archive's
+// storage): its pieces' CRCs, combined in file order, must give it, or the
+// file is damaged (DATA_LOSS naming the file and the tensor).
+absl::Status CheckCrcs(const LoadPlan& plan, const std::vector<Piece>& pieces,
+                       const std::vector<uint32_t>& crcs) {
+  std::vector<size_t> checked;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (pieces[p].check_crc) checked.push_back(p);
+  }
+  auto key = [&](size_t p) {
+    return std::make_tuple(pieces[p].tensor, pieces[p].source, pieces[p].begin);
+  };
+  std::sort(checked.begin(), checked.end(),
+            [&](size_t a, size_t b) { return key(a) < key(b); });
+  for (size_t k = 0; k < checked.size();) {
+    const Piece& first = pieces[checked[k]];
+    const LoadSource& source =
+        plan.sources_of_tensor[first.tensor][first.source];
+    const CheckpointEntry& entry = plan.checkpoint->entries[source.entry];
+    const uint64_t item = spec::ItemSize(entry.dtype);
+    uint32_t crc = crcs[checked[k]];
+    size_t j = k + 1;
+    for (; j < checked.size() && pieces[checked[j]].tensor == first.tensor &&
+           pieces[checked[j]].source == first.source;
+         ++j) {
+      const Piece& piece = pieces[checked[j]];
+      crc = delivery::Crc32Combine(
+          crc, crcs[checked[j]],
+          static_cast<uint64_t>(piece.end - piece.begin) * item);
+    }
+    if (crc != *entry.crc32) {
+      return absl::DataLossError(absl::StrCat(
+          plan.checkpoint->files[entry.file]->label(), ": tensor ",
+          Quote(entry.key), " fails its CRC-32 check (the archive records ",
+          absl::Hex(*entry.crc32, absl::kZeroPad8), ", its ", entry.nbytes,
+          " bytes give ", absl::Hex(crc, absl::kZeroPad8),
+          "): the file is damaged"));
+    }
+    k = j;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LoadTensors(const LoadPlan& plan,
@@ -694,6 +749,7 @@ absl::Status LoadTensors(const LoadPlan& plan,
   absl::Mutex mu;
   absl::Status first_error;
   RangeCache::Counters counters;
+  std::vector<uint32_t> crcs(pieces.size(), 0);
   auto reader = [&] {
     UseOneKernelThreadHere();
     RangeCache::Counters mine;
@@ -703,7 +759,8 @@ absl::Status LoadTensors(const LoadPlan& plan,
         const Piece& piece = pieces[p];
         const absl::Status guarded = GuardTorch("loading the checkpoint", [&] {
           s = LoadPiece(plan, piece, tensors[piece.tensor],
-                        arena.tensors().views[piece.tensor], cache, &mine);
+                        arena.tensors().views[piece.tensor], cache, &mine,
+                        piece.check_crc ? &crcs[p] : nullptr);
         });
         if (s.ok()) s = guarded;
       }
@@ -737,7 +794,7 @@ absl::Status LoadTensors(const LoadPlan& plan,
   for (const std::unique_ptr<FileSource>& file : ckpt.files) {
     RETURN_IF_ERROR(file->Check());
   }
-  return absl::OkStatus();
+  return CheckCrcs(plan, pieces, crcs);
 }
 
 }  // namespace materializer::load

@@ -348,6 +348,57 @@ def test_bad_files_are_refused_naming_them(server, root):
         server.assert_idle(client=CLIENT)
 
 
+def test_a_damaged_torch_archive_fails_its_crc_and_holds_nothing(server, root):
+    """One bit flipped on disk inside a torch.save archive's storage: the
+    zip's CRC-32 of that storage no longer holds, and Materialize fails with
+    DATA_LOSS naming the file and the tensor, nothing held, instead of
+    loading the damaged value. The tensor spans several 16 MiB read pieces,
+    whose CRCs the server combines; before the damage it loads bit for bit.
+    A tensor that is a view into a larger storage has no CRC of its own and
+    is not checked."""
+    folder = root / "models" / "damaged-bin"
+    folder.mkdir()
+    torch.manual_seed(1)
+    big = torch.randn(40 << 20 >> 2)  # 40 MiB: three pieces
+    shared = torch.randn(12)
+    state = {"w": big, "b": torch.randn(7), "v": shared[4:8]}
+    path = folder / "pytorch_model.bin"
+    torch.save(state, path)
+    spec = {"tensors": [
+        {"name": "w", "shape": [big.numel()], "dtype": "float32"},
+        {"name": "b", "shape": [7], "dtype": "float32"},
+        {"name": "v", "shape": [4], "dtype": "float32"}],
+        "initRules": [{"pattern": "*", "init": {"zeros": {}}}]}
+    ckpt = {"path": "models/damaged-bin"}
+    _, _, got = materialize(server, spec, ckpt)
+    for name, t in state.items():
+        assert m.same_bits(got[name], t), name
+
+    def damage(values, index):
+        blob = bytearray(path.read_bytes())
+        at = blob.find(values[index:index + 4].numpy().tobytes())
+        assert at > 0
+        blob[at] ^= 0x01
+        fresh = folder / "fresh.tmp"
+        fresh.write_bytes(blob)
+        os.replace(fresh, path)  # a new file: the cache does not know it
+
+    damage(big, big.numel() // 2)
+    err = rpc_error(lambda: materialize(server, spec, ckpt))
+    assert err.code() == grpc.StatusCode.DATA_LOSS, err.details()
+    for words in ["pytorch_model.bin", '"w"', "CRC-32", "damaged"]:
+        assert words in err.details(), err.details()
+    server.assert_idle(client=CLIENT)
+
+    torch.save(state, folder / "whole.tmp")  # whole again, as a new file
+    os.replace(folder / "whole.tmp", path)
+    # then the bytes of the view's storage damaged
+    damage(shared, 5)
+    _, _, got = materialize(server, spec, ckpt)
+    assert not m.same_bits(got["v"], state["v"])  # unchecked: no CRC of its own
+    assert m.same_bits(got["w"], big)
+
+
 def test_a_shape_that_differs_is_refused_naming_both(server):
     spec = spec_of(tiny_gpt2())
     for t in spec["tensors"]:
