@@ -322,17 +322,26 @@ def meminfo_bytes(key: str) -> int:
     raise AssertionError(f"no {key} in /proc/meminfo")
 
 
-def materialize_from_checkpoint(server, model_spec, checkpoint, client):
-    """Materialize `model_spec` (JSON dict) with `checkpoint` (a
-    CheckpointSource as a JSON dict) as `client`; returns the response,
-    Describe's answer and the handle's tensors (fetched with the
-    non-persistent ones), with the handle released and the client idle."""
-    req = {"model": model_spec, "checkpoint": checkpoint}
-    resp = server.materialize(server.parse_request(json.dumps(req)), client)
+def materialize_describe_fetch(server, request_text, client):
+    """Materialize the request (MaterializeRequest as JSON text) as
+    `client`; returns the response, Describe's answer and the safetensors
+    file of every tensor (non-persistent ones included), with the handle
+    released and the client idle."""
+    resp = server.materialize(server.parse_request(request_text), client)
     try:
         info = server.describe(resp.handle, client)
         blob = server.fetch(resp.handle, client, include_non_persistent=True)
     finally:
         server.release(resp.handle, client)
     server.assert_idle(client=client)
+    return resp, info, blob
+
+
+def materialize_from_checkpoint(server, model_spec, checkpoint, client):
+    """Materialize `model_spec` (JSON dict) with `checkpoint` (a
+    CheckpointSource as a JSON dict) as `client`; returns the response,
+    Describe's answer and the handle's tensors (fetched with the
+    non-persistent ones), with the handle released and the client idle."""
+    req = {"model": model_spec, "checkpoint": checkpoint}
+    resp, info, blob = materialize_describe_fetch(server, json.dumps(req), client)
     return resp, info, load_safetensors(blob)

@@ -49,13 +49,7 @@ def dt_python(n, g, dtype):
 
 def materialize(server, tensors, rng="RNG_MODE_TORCH", client="derived"):
     req = {"model": {"tensors": tensors, "seed": str(SEED), "rng": rng}}
-    resp = server.materialize(server.parse_request(json.dumps(req)), client)
-    try:
-        info = server.describe(resp.handle, client)
-        blob = server.fetch(resp.handle, client, include_non_persistent=True)
-    finally:
-        server.release(resp.handle, client)
-    server.assert_idle(client=client)
+    _, info, blob = m.materialize_describe_fetch(server, json.dumps(req), client)
     return m.load_safetensors(blob), info
 
 

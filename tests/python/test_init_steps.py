@@ -46,13 +46,7 @@ def materialize(server, tensors, rng="RNG_MODE_TORCH", client="steps"):
     text = json.dumps(req)
     plan = server.stub.Plan(server.parse_request(text, server.pb.PlanRequest),
                             metadata=server.md(client), timeout=60)
-    resp = server.materialize(server.parse_request(text), client)
-    try:
-        info = server.describe(resp.handle, client)
-        blob = server.fetch(resp.handle, client, include_non_persistent=True)
-    finally:
-        server.release(resp.handle, client)
-    server.assert_idle(client=client)
+    _, info, blob = m.materialize_describe_fetch(server, text, client)
     header, start = m.safetensors_header(blob)
     header.pop("__metadata__", None)
     got = {n: blob[start + h["data_offsets"][0]:start + h["data_offsets"][1]]
